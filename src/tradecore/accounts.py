@@ -1,0 +1,37 @@
+"""Trading accounts: the broker connection a webhook URL points at.
+
+The webhook token and secret are shown to the user once and stored only as SHA-256 hex
+digests (``webhook_token_hash``, ``webhook_secret_hash``); the secret layer compares the
+digest of the presented secret with the stored digest in constant time.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+import attrs
+
+DEFAULT_MAX_REQUEST_AGE_S = 300
+
+
+@attrs.frozen
+class TradingAccount:
+    """A user's trading account at one broker.
+
+    ``allowed_symbols`` empty means: any symbol the broker lists. ``max_quantity`` bounds one
+    order's quantity. ``credentials_verified`` is set when the broker accepted the credentials.
+    """
+
+    id: str
+    user_id: str
+    name: str
+    broker_name: str
+    webhook_token_hash: str
+    webhook_secret_hash: str
+    created_at: datetime
+    max_request_age: int = DEFAULT_MAX_REQUEST_AGE_S
+    allowed_symbols: frozenset[str] = frozenset()
+    max_quantity: Decimal = Decimal(1_000_000)
+    credentials_verified: bool = False
+    deleted: bool = False

@@ -1,0 +1,123 @@
+"""The broker port and the values it exchanges.
+
+A broker order is identified by the caller's ``client_order_id``; placing an order with a
+client order id the broker already knows returns that order instead of placing a new one. That
+property is what lets a worker re-execute a request after a crash without doubling it.
+
+Rejections (insufficient margin, market closed, ...) are results carried in ``BrokerOrder``,
+never exceptions. A dropped connection raises ``BrokerDisconnected``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from tradecore.orders import OrderError, Side
+
+
+class BrokerOrderStatus(enum.StrEnum):
+    """The broker's view of one order."""
+
+    PENDING = "pending"
+    PARTIALLY_FILLED = "partially_filled"
+    FILLED = "filled"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (
+            BrokerOrderStatus.FILLED,
+            BrokerOrderStatus.CANCELLED,
+            BrokerOrderStatus.REJECTED,
+        )
+
+
+@attrs.frozen
+class BrokerOrder:
+    """One order as the broker reports it.
+
+    ``rejection`` is set exactly when ``status`` is REJECTED (or CANCELLED with a reason).
+    ``average_price`` is None until something filled.
+    """
+
+    broker_order_id: str
+    client_order_id: str
+    symbol: str
+    side: Side
+    quantity: Decimal
+    status: BrokerOrderStatus
+    filled_quantity: Decimal = Decimal(0)
+    average_price: Decimal | None = None
+    reduce_only: bool = False
+    rejection: OrderError | None = None
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """A connection to one trading account at one broker, owned by one worker.
+
+    Every method may raise ``BrokerDisconnected``; ``connect`` re-establishes the connection
+    and is safe to call when already connected.
+    """
+
+    @property
+    def name(self) -> str:
+        """The broker's name as stored in order history (``broker_name``)."""
+        ...
+
+    async def connect(self) -> None:
+        """Open (or re-open) the connection and check the credentials."""
+        ...
+
+    async def instruments(self) -> frozenset[str]:
+        """The symbols this account can trade."""
+        ...
+
+    async def positions(self) -> Mapping[str, Decimal]:
+        """Signed positions by symbol (positive long, negative short); flat symbols omitted."""
+        ...
+
+    async def place_order(
+        self,
+        client_order_id: str,
+        symbol: str,
+        side: Side,
+        quantity: Decimal,
+        *,
+        reduce_only: bool = False,
+    ) -> BrokerOrder:
+        """Submit a market order; idempotent by ``client_order_id``.
+
+        A second call with a known ``client_order_id`` returns the existing order unchanged.
+        A ``reduce_only`` order never increases the absolute position.
+        """
+        ...
+
+    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+        """The current state of an order by client order id, None if the broker never saw it."""
+        ...
+
+
+@runtime_checkable
+class BrokerFactory(Protocol):
+    """Opens the broker connection a worker uses for one trading account."""
+
+    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Broker:
+        """A broker for the account. ``simulation`` always yields the paper broker."""
+        ...
+
+
+@runtime_checkable
+class InstrumentDirectory(Protocol):
+    """The symbols each broker lists, as loaded by the workers; the API checks orders against
+    it without calling a broker."""
+
+    async def symbols(self, broker_name: str) -> frozenset[str]:
+        """The tradable symbols of ``broker_name`` (empty when unknown)."""
+        ...

@@ -1,0 +1,133 @@
+"""Queues between the API and the per-user workers.
+
+Names follow the specification's "Internal messages": ``worker:active:{user_id}``,
+``trading:user:{id}:requests``, ``trading:response:{req_id}``, ``worker-control.fifo`` and
+``order-tasks.fifo``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from tradecore.orders import OrderRequest, OrderResult
+
+
+@runtime_checkable
+class OrderQueue(Protocol):
+    """The per-user request list and the per-request reply list.
+
+    Delivery is reliable: ``take`` moves a request to the user's in-flight list, and only
+    ``complete`` removes it, so a worker that dies mid-request leaves it for ``in_flight``.
+    Requests of one user are taken in push order.
+    """
+
+    async def push(self, request: OrderRequest) -> bool:
+        """Append ``request`` to its user's request list if, atomically with the append, the
+        user's ``worker:active`` mark exists; False (nothing appended) when it does not.
+        Raises KeyValueStoreUnavailable."""
+        ...
+
+    async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
+        """The worker's reply to ``request_id``, or None when none came within ``timeout_s``."""
+        ...
+
+    async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
+        """The user's oldest request, moved to the in-flight list; None after ``timeout_s``."""
+        ...
+
+    async def complete(self, request: OrderRequest, result: OrderResult) -> None:
+        """Publish ``result`` on the reply list and drop ``request`` from the in-flight list."""
+        ...
+
+    async def in_flight(self, user_id: str) -> list[OrderRequest]:
+        """Requests taken but never completed (a crashed worker's), oldest first."""
+        ...
+
+
+@runtime_checkable
+class WorkerDirectory(Protocol):
+    """Which users have an active worker, and the worker-control FIFO queue of start requests."""
+
+    async def is_active(self, user_id: str) -> bool:
+        """True while the mark ``worker:active:{user_id}`` exists."""
+        ...
+
+    async def request_start(self, user_id: str) -> None:
+        """Put a start request for ``user_id`` on worker-control (deduplicated per user)."""
+        ...
+
+    async def wait_active(self, user_id: str, timeout_s: float) -> bool:
+        """True as soon as the mark exists; False when ``timeout_s`` passed without it."""
+        ...
+
+    async def next_start_request(self, timeout_s: float) -> str | None:
+        """(Worker host) the user id of the oldest start request, or None after the timeout."""
+        ...
+
+    async def mark_active(self, user_id: str, ttl_s: float) -> None:
+        """(Worker host) set or refresh the mark with a time to live."""
+        ...
+
+    async def clear_active(self, user_id: str) -> None:
+        """(Worker host) remove the mark: the worker stopped."""
+        ...
+
+    async def retire(self, user_id: str) -> bool:
+        """(Worker host) remove the mark only if, atomically, the user's request list is
+        empty; False (mark kept) when a request is waiting. Together with ``OrderQueue.push``
+        this means no request is ever left in a list that no worker serves."""
+        ...
+
+
+@attrs.frozen
+class FillTask:
+    """A fill-verification message: check this order through the user's worker."""
+
+    order_id: str
+    user_id: str
+    trading_account_id: str
+
+
+@attrs.frozen
+class FillDelivery:
+    """One receipt of a FillTask. ``receive_count`` is 1 on the first delivery."""
+
+    task: FillTask
+    receipt: str
+    receive_count: int
+
+
+@runtime_checkable
+class FillTaskQueue(Protocol):
+    """The order-tasks FIFO queue with message groups (group = user id).
+
+    A received message is invisible for the visibility timeout (180 s) unless acknowledged or
+    re-scheduled; a group with an invisible message delivers nothing else until it is settled,
+    so the checks of one user run in sequence.
+    """
+
+    async def send(self, task: FillTask, delay_s: float) -> None:
+        """Enqueue ``task``, visible after ``delay_s`` seconds."""
+        ...
+
+    async def receive(self, timeout_s: float) -> FillDelivery | None:
+        """The next visible message of a group with nothing in flight, or None."""
+        ...
+
+    async def ack(self, delivery: FillDelivery) -> None:
+        """Delete the message: its check reached a final outcome."""
+        ...
+
+    async def retry(self, delivery: FillDelivery, delay_s: float) -> None:
+        """Make the message visible again after ``delay_s`` (a re-queue)."""
+        ...
+
+    async def dead_letter(self, delivery: FillDelivery, reason: str) -> None:
+        """Move the message to the dead-letter queue, where operators see it."""
+        ...
+
+    async def dead_letters(self) -> list[tuple[FillTask, str]]:
+        """Dead-lettered tasks with their reasons, oldest first."""
+        ...

@@ -1,0 +1,155 @@
+"""Durable records: users, sessions, keys, allowed IPs, trading accounts, orders, audit.
+
+Every method may raise ``DatabaseUnavailable``. Ids are assigned by the caller (RandomSource)
+except audit entry ids, which the store assigns in increasing order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from tradecore.accounts import TradingAccount
+from tradecore.audit import AuditAction, AuditEntry, StoredAuditEntry
+from tradecore.identity import AllowedIp, ApiKey, Session, User
+from tradecore.orders import OrderHistoryRecord, OrderStatus
+
+
+@runtime_checkable
+class UserRepository(Protocol):
+    async def add(self, user: User) -> bool:
+        """Store a new user; False (nothing stored) when the e-mail is taken (case-insensitive)."""
+        ...
+
+    async def get(self, user_id: str) -> User | None: ...
+
+    async def by_email(self, email: str) -> User | None:
+        """Look up by e-mail, case-insensitively."""
+        ...
+
+    async def save(self, user: User) -> None:
+        """Replace the stored user with the same id."""
+        ...
+
+
+@runtime_checkable
+class SessionRepository(Protocol):
+    async def add(self, session: Session) -> None: ...
+
+    async def get(self, session_id: str) -> Session | None: ...
+
+    async def rotate_refresh(self, session_id: str, expected_jti: str, new_jti: str) -> bool:
+        """Compare-and-set the session's refresh token id; False when it was not
+        ``expected_jti`` or the session is inactive (nothing changed)."""
+        ...
+
+    async def deactivate(self, session_id: str, at: datetime) -> bool:
+        """Set is_active false; True when it was active."""
+        ...
+
+    async def deactivate_all(self, user_id: str, at: datetime) -> int:
+        """Revoke every active session of the user; the number revoked."""
+        ...
+
+
+@runtime_checkable
+class ApiKeyRepository(Protocol):
+    async def add(self, key: ApiKey) -> None: ...
+
+    async def by_hash(self, key_hash: str) -> ApiKey | None: ...
+
+    async def list_for_user(self, user_id: str) -> list[ApiKey]: ...
+
+    async def revoke(self, key_id: str, user_id: str, at: datetime) -> bool:
+        """Revoke the user's key at once; False when the user has no such live key."""
+        ...
+
+    async def touch(self, key_id: str, at: datetime) -> None:
+        """Set last_used_at."""
+        ...
+
+
+@runtime_checkable
+class AllowedIpRepository(Protocol):
+    async def add(self, entry: AllowedIp) -> bool:
+        """False (nothing stored) when the user already lists that address."""
+        ...
+
+    async def list_for_user(self, user_id: str) -> list[AllowedIp]: ...
+
+    async def remove(self, entry_id: str, user_id: str) -> bool: ...
+
+
+@runtime_checkable
+class TradingAccountRepository(Protocol):
+    async def add(self, account: TradingAccount) -> None: ...
+
+    async def get(self, account_id: str) -> TradingAccount | None:
+        """The account, deleted ones excluded."""
+        ...
+
+    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
+        """Layer 1 in one lookup: the live account with that token digest and its owner."""
+        ...
+
+    async def list_for_user(self, user_id: str) -> list[TradingAccount]: ...
+
+    async def save(self, account: TradingAccount) -> None:
+        """Replace the stored account with the same id."""
+        ...
+
+
+@runtime_checkable
+class OrderHistory(Protocol):
+    async def add(self, record: OrderHistoryRecord) -> None:
+        """Store a new row durably before returning. Raises DuplicateOrder when the user
+        already has a row with the same non-null ``fingerprint``."""
+        ...
+
+    async def get(self, order_id: str) -> OrderHistoryRecord | None: ...
+
+    async def transition(
+        self,
+        order_id: str,
+        expected: Collection[OrderStatus],
+        changes: Mapping[str, Any],
+    ) -> OrderHistoryRecord | None:
+        """Compare-and-set: apply ``changes`` (field name -> value) only if the row's status is
+        in ``expected``; the updated row, or None when the status was elsewhere. Setting
+        ``fingerprint`` to None frees it for a new row (an intent that was never executed)."""
+        ...
+
+    async def list_for_user(
+        self,
+        user_id: str,
+        *,
+        trading_account_id: str | None = None,
+        before: datetime | None = None,
+        limit: int = 50,
+    ) -> Sequence[OrderHistoryRecord]:
+        """Newest first; ``before`` is an exclusive created_at cursor."""
+        ...
+
+    async def count_since(self, user_id: str, since: datetime) -> int:
+        """Orders (real and simulated) the user created at or after ``since``: the daily cap."""
+        ...
+
+
+@runtime_checkable
+class AuditLog(Protocol):
+    async def append(self, entry: AuditEntry) -> int:
+        """Store the entry durably; its id (strictly increasing)."""
+        ...
+
+    async def list_for_user(
+        self,
+        user_id: str,
+        *,
+        actions: Collection[AuditAction] | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[StoredAuditEntry], int]:
+        """The user's entries, newest first, and the total matching count."""
+        ...

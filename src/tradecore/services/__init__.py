@@ -1,0 +1,1 @@
+"""Use cases: each orchestrates ports to carry out one flow of the specification."""

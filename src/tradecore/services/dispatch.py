@@ -1,0 +1,172 @@
+"""Handing an order to the user's worker (specification, Endpoints note 5).
+
+1. Write the order intent (status ``queued``) to order history, durably.
+2. Push the request on the user's request list if the ``worker:active`` mark exists (one
+   atomic step, so the check and the push cannot be split by a worker retiring). Without the
+   mark, put a start request on worker-control, wait for the mark (503 after the start
+   timeout), and push again.
+3. Wait, bounded, for the reply: 200 with the OrderResult, or 202 with the order id.
+
+Nothing is acknowledged without the durable intent (invariant I1). If the order cannot be
+handed over, the API cancels the intent with a compare-and-set; if the worker claimed it first,
+the order is on its way and the caller gets 202 instead of a 5xx, so a retry never doubles it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import attrs
+
+from tradecore.accounts import TradingAccount
+from tradecore.errors import DuplicateOrder, StoreUnavailable
+from tradecore.identity import User
+from tradecore.orders import (
+    AlertAction,
+    OrderHistoryRecord,
+    OrderRequest,
+    OrderStatus,
+    OrderType,
+    Source,
+)
+from tradecore.ports.messaging import OrderQueue, WorkerDirectory
+from tradecore.ports.repositories import OrderHistory
+from tradecore.ports.runtime import RandomSource
+from tradecore.services.outcomes import Accepted, Queued, Rejected
+from tradecore.services.settings import OrderSettings
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class OrderIntent:
+    """A checked order, ready to be made durable and handed to the worker."""
+
+    user: User
+    account: TradingAccount
+    symbol: str
+    action: AlertAction
+    order_type: OrderType
+    quantity: Decimal
+    source: Source
+    simulation: bool
+    fingerprint: str | None = None
+
+
+@attrs.frozen
+class Dispatched:
+    """The dispatch outcome. ``durable`` tells whether the intent row exists; a 5xx with
+    ``durable`` False spent nothing, so the caller may release its replay key."""
+
+    outcome: Rejected | Accepted | Queued
+    durable: bool
+    order_id: str | None = None
+
+
+class Duplicate(Exception):
+    """The order history already holds this fingerprint: the request is a replay."""
+
+
+class OrderDispatcher:
+    """Steps 1-3 above, shared by the webhook and dashboard paths."""
+
+    def __init__(
+        self,
+        orders: OrderHistory,
+        queue: OrderQueue,
+        workers: WorkerDirectory,
+        random: RandomSource,
+        settings: OrderSettings,
+    ) -> None:
+        self._orders = orders
+        self._queue = queue
+        self._workers = workers
+        self._random = random
+        self._settings = settings
+
+    async def dispatch(self, intent: OrderIntent, *, now: datetime, wait_s: float) -> Dispatched:
+        """Run the three steps. Raises ``Duplicate`` when the store refuses the fingerprint."""
+        unavailable = Rejected(503, "unavailable", "Service temporarily unavailable")
+        order_id = self._random.new_id()
+        request_id = self._random.new_id()
+        record = OrderHistoryRecord(
+            id=order_id,
+            user_id=intent.user.id,
+            trading_account_id=intent.account.id,
+            broker_name="paper" if intent.simulation else intent.account.broker_name,
+            symbol=intent.symbol,
+            action=intent.action,
+            quantity=intent.quantity,
+            order_type=intent.order_type,
+            source=intent.source,
+            simulation=intent.simulation,
+            status=OrderStatus.QUEUED,
+            created_at=now,
+            request_id=request_id,
+            fingerprint=intent.fingerprint,
+        )
+        try:
+            await self._orders.add(record)
+        except DuplicateOrder as e:
+            raise Duplicate(intent.fingerprint) from e
+        except StoreUnavailable:
+            return Dispatched(unavailable, durable=False)
+
+        request = OrderRequest(
+            request_id=request_id,
+            order_id=order_id,
+            user_id=intent.user.id,
+            trading_account_id=intent.account.id,
+            symbol=intent.symbol,
+            action=intent.action,
+            order_type=intent.order_type,
+            quantity=intent.quantity,
+            source=intent.source,
+            simulation=intent.simulation,
+            created_at=now,
+            expires_at=now + timedelta(seconds=self._settings.max_queue_age_s),
+        )
+        try:
+            pushed = await self._hand_over(request)
+        except StoreUnavailable:
+            return await self._withdraw(order_id, request_id, unavailable)
+        if not pushed:
+            no_worker = Rejected(
+                503, "worker_start_timeout", "Trading worker did not start in time"
+            )
+            return await self._withdraw(order_id, request_id, no_worker)
+
+        try:
+            result = await self._queue.wait_result(request_id, wait_s)
+        except StoreUnavailable:
+            log.warning("reply of order %s not readable; answering 202", order_id)
+            result = None
+        if result is None:
+            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
+        return Dispatched(Accepted(result), durable=True, order_id=order_id)
+
+    async def _hand_over(self, request: OrderRequest) -> bool:
+        if await self._queue.push(request):
+            return True
+        await self._workers.request_start(request.user_id)
+        timeout_s = self._settings.worker_start_timeout_s
+        if not await self._workers.wait_active(request.user_id, timeout_s):
+            return False
+        return await self._queue.push(request)
+
+    async def _withdraw(self, order_id: str, request_id: str, refusal: Rejected) -> Dispatched:
+        """The push failed: cancel the intent unless the worker already claimed it."""
+        try:
+            cancelled = await self._orders.transition(
+                order_id,
+                {OrderStatus.QUEUED},
+                {"status": OrderStatus.CANCELLED, "fingerprint": None},
+            )
+        except StoreUnavailable:
+            log.error("order %s: push failed and the intent could not be withdrawn", order_id)
+            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
+        if cancelled is None:
+            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
+        return Dispatched(refusal, durable=False, order_id=order_id)

@@ -1,0 +1,223 @@
+"""One user's trading worker: executes that user's requests, one at a time, at the broker.
+
+Execution of a request is crash-safe and idempotent:
+
+1. The order-history row must be ``queued``. An order that waited past its ``expires_at`` is
+   marked ``expired`` and never sent late.
+2. The worker reads the position, and claims the row with a compare-and-set
+   ``queued -> submitted`` that records ``position_before``. If the API withdrew the intent
+   first, nothing is sent.
+3. The broker steps are ``reversal.plan(position_before, ...)``, each sent with the client
+   order id ``reversal.client_order_id(order_id, step)``. A row found ``submitted`` (the
+   previous worker died mid-order) is re-planned from its recorded position and re-executed:
+   the broker returns the orders it already has instead of placing them again.
+4. The outcome is written with ``submitted -> <status>``, and a fill check is scheduled on
+   order-tasks 2-3 s later whenever a broker order was placed.
+
+A dropped broker connection is re-opened up to 3 times (specification: "automatic reconnect,
+up to 3 retries") before the order fails with ``broker_unavailable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from typing import TypeVar
+
+from tradecore import reversal
+from tradecore.broker import Broker, BrokerFactory, BrokerOrder
+from tradecore.errors import BrokerDisconnected, StoreUnavailable
+from tradecore.fills import first_check_delay
+from tradecore.orders import (
+    OrderError,
+    OrderHistoryRecord,
+    OrderRequest,
+    OrderResult,
+    OrderStatus,
+    RejectionCode,
+    to_instruction,
+)
+from tradecore.ports.messaging import FillTask, FillTaskQueue
+from tradecore.ports.repositories import OrderHistory
+from tradecore.ports.runtime import Clock, Sleeper
+
+log = logging.getLogger(__name__)
+
+BROKER_RECONNECT_RETRIES = 3
+RECONNECT_BACKOFF_S = 0.2
+
+T = TypeVar("T")
+
+
+def fill_check_jitter(order_id: str) -> float:
+    """A number in [0, 1) derived from the order id, spreading first checks over 2-3 s."""
+    digest = hashlib.sha256(order_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class UserWorker:
+    """Executes one user's order requests and fill checks through that user's brokers."""
+
+    def __init__(
+        self,
+        user_id: str,
+        orders: OrderHistory,
+        brokers: BrokerFactory,
+        fill_tasks: FillTaskQueue,
+        clock: Clock,
+        sleeper: Sleeper,
+    ) -> None:
+        self.user_id = user_id
+        self._orders = orders
+        self._brokers = brokers
+        self._fill_tasks = fill_tasks
+        self._clock = clock
+        self._sleeper = sleeper
+        self._brokers_open: dict[tuple[str, bool], Broker] = {}
+        self._connected: set[tuple[str, bool]] = set()
+
+    async def execute(self, request: OrderRequest) -> OrderResult:
+        """Carry out ``request`` exactly once and return its result (see the module doc)."""
+        row = await self._orders.get(request.order_id)
+        if row is None:
+            log.error("order %s has no order-history row; not executed", request.order_id)
+            return _orphan_result(request)
+        if row.status is OrderStatus.QUEUED:
+            claimed = await self._claim(request, row)
+            if claimed is None:
+                return await self._current(row)
+            row = claimed
+        elif row.status is not OrderStatus.SUBMITTED:
+            return row.to_result()  # already settled: a duplicate delivery
+        if row.status is not OrderStatus.SUBMITTED:
+            return row.to_result()  # expired while queued
+        return await self._run(row)
+
+    async def check_order_status(self, row: OrderHistoryRecord) -> BrokerOrder | None:
+        """The broker's current view of the row's main order (fill verification)."""
+        client_order_id = row.client_order_id
+        if client_order_id is None:
+            return None
+        return await self._call(row, lambda broker: broker.order_status(client_order_id))
+
+    async def _claim(
+        self, request: OrderRequest, row: OrderHistoryRecord
+    ) -> OrderHistoryRecord | None:
+        now = self._clock.now()
+        if now >= request.expires_at:
+            expired = OrderError(RejectionCode.ORDER_EXPIRED, "Order expired before execution")
+            return await self._orders.transition(
+                row.id, {OrderStatus.QUEUED}, {"status": OrderStatus.EXPIRED, "error": expired}
+            )
+        try:
+            positions = await self._call(row, lambda broker: broker.positions())
+        except BrokerDisconnected:
+            return await self._orders.transition(
+                row.id,
+                {OrderStatus.QUEUED},
+                {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
+            )
+        return await self._orders.transition(
+            row.id,
+            {OrderStatus.QUEUED},
+            {
+                "status": OrderStatus.SUBMITTED,
+                "submitted_at": now,
+                "position_before": positions.get(row.symbol, Decimal(0)),
+            },
+        )
+
+    async def _run(self, row: OrderHistoryRecord) -> OrderResult:
+        position = row.position_before if row.position_before is not None else Decimal(0)
+        plan = reversal.plan(position, to_instruction(row.action, row.order_type), row.quantity)
+        try:
+            outcome = await self._call(
+                row,
+                lambda broker: reversal.execute(broker, self._sleeper, row.id, row.symbol, plan),
+            )
+        except BrokerDisconnected:
+            failed = await self._orders.transition(
+                row.id,
+                {OrderStatus.SUBMITTED},
+                {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
+            )
+            return (failed or row).to_result()
+        broker_order_id = outcome.broker_refs[-1] if outcome.broker_refs else None
+        now = self._clock.now()
+        updated = await self._orders.transition(
+            row.id,
+            {OrderStatus.SUBMITTED},
+            {
+                "status": outcome.status,
+                "order_id": broker_order_id,
+                "client_order_id": outcome.main_client_order_id,
+                "broker_refs": outcome.broker_refs,
+                "fill_price": outcome.fill_price,
+                "fill_quantity": outcome.filled_quantity,
+                "filled_at": now if outcome.status is OrderStatus.FILLED else None,
+                "auto_exit": outcome.auto_exit,
+                "exit_quantity": outcome.exit_quantity,
+                "exit_order_result": outcome.exit_order_result,
+                "error": outcome.error,
+            },
+        )
+        if updated is None:
+            return await self._current(row)
+        if outcome.main_client_order_id is not None and outcome.broker_refs:
+            await self._schedule_fill_check(updated)
+        return updated.to_result()
+
+    async def _schedule_fill_check(self, row: OrderHistoryRecord) -> None:
+        task = FillTask(row.id, row.user_id, row.trading_account_id)
+        try:
+            await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(row.id)))
+        except StoreUnavailable:
+            log.error("fill check of order %s could not be scheduled", row.id)
+
+    async def _current(self, row: OrderHistoryRecord) -> OrderResult:
+        latest = await self._orders.get(row.id)
+        return (latest or row).to_result()
+
+    async def _call(self, row: OrderHistoryRecord, call: Callable[[Broker], Awaitable[T]]) -> T:
+        """Run ``call`` on the row's broker connection, opening it first if needed and
+        re-opening it after a disconnect, up to BROKER_RECONNECT_RETRIES times."""
+        key = (row.trading_account_id, row.simulation)
+        broker = self._brokers_open.get(key)
+        if broker is None:
+            broker = self._brokers.open(
+                row.trading_account_id, row.broker_name, simulation=row.simulation
+            )
+            self._brokers_open[key] = broker
+        for attempt in range(BROKER_RECONNECT_RETRIES + 1):
+            try:
+                if attempt:
+                    await self._sleeper.sleep(RECONNECT_BACKOFF_S * attempt)
+                if attempt or key not in self._connected:
+                    await broker.connect()
+                    self._connected.add(key)
+                return await call(broker)
+            except BrokerDisconnected:
+                self._connected.discard(key)
+                if attempt == BROKER_RECONNECT_RETRIES:
+                    raise
+                log.warning("broker disconnected (user %s); reconnecting", self.user_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _broker_unavailable() -> OrderError:
+    return OrderError(RejectionCode.BROKER_UNAVAILABLE, "Broker unreachable after 3 reconnects")
+
+
+def _orphan_result(request: OrderRequest) -> OrderResult:
+    return OrderResult(
+        order_id=request.order_id,
+        request_id=request.request_id,
+        status=OrderStatus.FAILED,
+        symbol=request.symbol,
+        action=request.action,
+        quantity=request.quantity,
+        simulation=request.simulation,
+        error=OrderError(RejectionCode.BROKER_UNAVAILABLE, "Order record missing"),
+    )

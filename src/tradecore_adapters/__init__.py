@@ -1,0 +1,1 @@
+"""Implementations of the core's ports: memory, brokers, and (later) Redis, Postgres, HTTP."""

@@ -1,0 +1,371 @@
+"""The paper broker: a simulated exchange and the ``Broker`` connections to it.
+
+``PaperExchange`` holds the shared state (catalogue, prices, one book per account, scripted
+behaviour) and ``PaperBroker`` is one account's connection, implementing
+``tradecore.broker.Broker``. Orders are market orders filled at the instrument's current price
+(its reference price until ``set_price``). Checks, in order: a known client order id returns
+the recorded order; the next scripted step (``script``) may refuse it; unknown symbol
+(``invalid_symbol``); hedge position mode (``position_mode_mismatch``); market hours
+(``market_closed``, the message carries the hours); a reduce-only order is capped at what is
+held against it (cancelled when nothing is); the opening part must fit the available balance
+(``insufficient_margin``).
+
+The exchange's state is JSON-compatible through ``snapshot`` and ``restore``; connections and
+scheduled disconnects are not part of it (a restart drops them anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import attrs
+import cattrs
+
+from tradecore.broker import BrokerOrder, BrokerOrderStatus
+from tradecore.errors import BrokerDisconnected
+from tradecore.orders import OrderError, RejectionCode, Side
+from tradecore.ports.runtime import Clock
+from tradecore_adapters.brokers.book import Account, Holding, PaperOrder, reducible
+from tradecore_adapters.brokers.catalogue import Instrument, PositionMode, default_catalogue
+from tradecore_adapters.brokers.script import Fill, Reject, Step
+from tradecore_adapters.brokers.state import ExchangeState, converter
+
+DEFAULT_CASH = Decimal(100000)
+
+
+@attrs.define
+class _Drop:
+    after_calls: int
+    refuse_reconnects: int
+    fired: bool = False
+
+
+class PaperExchange:
+    """The simulated exchange shared by every paper account (see the module doc)."""
+
+    def __init__(
+        self,
+        catalogue: Mapping[str, Instrument] | None = None,
+        *,
+        default_cash: Decimal = DEFAULT_CASH,
+    ) -> None:
+        self.catalogue: Mapping[str, Instrument] = dict(catalogue or default_catalogue())
+        self._state = ExchangeState(
+            prices={s: i.reference_price for s, i in self.catalogue.items()},
+            default_cash=default_cash,
+        )
+        self._connected: set[str] = set()
+        self._drops: dict[str | None, _Drop] = {}
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset(self.catalogue)
+
+    def price(self, symbol: str) -> Decimal:
+        return self._state.prices[symbol]
+
+    def position(self, account_id: str, symbol: str) -> Decimal:
+        """The signed position (0 when flat)."""
+        return self._account(account_id).position(symbol)
+
+    def positions(self, account_id: str) -> dict[str, Decimal]:
+        """Signed positions by symbol; flat symbols omitted."""
+        return {s: h.quantity for s, h in self._account(account_id).holdings.items()}
+
+    def balance(self, account_id: str) -> Decimal:
+        """Cash: the starting balance plus realised profit and loss."""
+        return self._account(account_id).cash
+
+    def available(self, account_id: str) -> Decimal:
+        """Cash less the margin held by positions and reserved by open orders."""
+        return self._account(account_id).available(self.catalogue, self._state.prices)
+
+    def orders(self, account_id: str) -> list[BrokerOrder]:
+        """Every recorded order of the account, in placement order."""
+        return [o.view() for o in self._account(account_id).orders.values()]
+
+    def is_market_open(self, symbol: str, now: datetime) -> bool:
+        override = self._state.market_open.get(symbol)
+        if override is not None:
+            return override
+        return self.catalogue[symbol].hours.is_open(now)
+
+    # -- arranging ---------------------------------------------------------------------------
+
+    def fund(self, account_id: str, cash: Decimal) -> None:
+        self._account(account_id).cash = cash
+
+    def set_position(
+        self, account_id: str, symbol: str, quantity: Decimal, price: Decimal | None = None
+    ) -> None:
+        """Put a position on the book directly (test setup), entered at ``price``."""
+        account = self._account(account_id)
+        if quantity == 0:
+            account.holdings.pop(symbol, None)
+        else:
+            entry = price if price is not None else self._state.prices[symbol]
+            account.holdings[symbol] = Holding(quantity, entry)
+
+    def set_price(self, symbol: str, price: Decimal) -> None:
+        self._state.prices[symbol] = price
+
+    def set_market_open(self, symbol: str, is_open: bool | None) -> None:
+        """Force the market of ``symbol`` open or closed; None goes back to its hours."""
+        if is_open is None:
+            self._state.market_open.pop(symbol, None)
+        else:
+            self._state.market_open[symbol] = is_open
+
+    def script(self, *steps: Step) -> None:
+        """Append steps for the next new placements (see ``script.py``)."""
+        self._state.script.extend(steps)
+
+    def reject_next(
+        self,
+        code: RejectionCode,
+        *,
+        count: int = 1,
+        message: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        self.script(*[Reject(code, message, retry_after)] * count)
+
+    def delay_next_fill(self, polls: int | None, *, count: int = 1) -> None:
+        """The next order stays pending until polled ``polls`` times (None: forever)."""
+        self.script(*[Fill.delayed(polls)] * count)
+
+    def partially_fill_next(
+        self, fraction: Decimal, *, rest_after_polls: int | None = None, count: int = 1
+    ) -> None:
+        self.script(*[Fill.partial(fraction, rest_after_polls)] * count)
+
+    def disconnect(
+        self, account_id: str | None = None, *, after_calls: int = 0, refuse_reconnects: int = 0
+    ) -> None:
+        """Drop the connection of ``account_id`` (None: every account) once ``after_calls``
+        more calls have gone through. From then on every call raises ``BrokerDisconnected``
+        until ``connect`` succeeds; the first ``refuse_reconnects`` connects fail too."""
+        drop = _Drop(after_calls, refuse_reconnects)
+        self._drops[account_id] = drop
+        if after_calls == 0:
+            self._fire(account_id, drop)
+
+    # -- the broker side ---------------------------------------------------------------------
+
+    def connect(self, account_id: str) -> None:
+        for key in (account_id, None):
+            drop = self._drops.get(key)
+            if drop is not None and drop.fired:
+                if drop.refuse_reconnects > 0:
+                    drop.refuse_reconnects -= 1
+                    raise BrokerDisconnected("paper broker: reconnect refused")
+                del self._drops[key]
+        self._connected.add(account_id)
+
+    def check_link(self, account_id: str) -> None:
+        """Raise ``BrokerDisconnected`` unless ``account_id`` is connected (one call)."""
+        for key in (account_id, None):
+            drop = self._drops.get(key)
+            if drop is None or drop.fired:
+                continue
+            if drop.after_calls > 0:
+                drop.after_calls -= 1
+            else:
+                self._fire(key, drop)
+        if account_id not in self._connected:
+            raise BrokerDisconnected("paper broker: not connected")
+
+    def _fire(self, account_id: str | None, drop: _Drop) -> None:
+        drop.fired = True
+        if account_id is None:
+            self._connected.clear()
+        else:
+            self._connected.discard(account_id)
+
+    def place(
+        self,
+        account_id: str,
+        client_order_id: str,
+        symbol: str,
+        side: Side,
+        quantity: Decimal,
+        *,
+        reduce_only: bool,
+        now: datetime,
+    ) -> BrokerOrder:
+        """Place a market order (see the module doc for the checks, in order)."""
+        if not quantity.is_finite() or quantity <= 0:
+            raise ValueError("order quantity must be a positive, finite number")
+        account = self._account(account_id)
+        known = account.orders.get(client_order_id)
+        if known is not None:
+            return known.view()
+        step = self._state.script.pop(0) if self._state.script else None
+        order = PaperOrder(
+            broker_order_id="",
+            client_order_id=client_order_id,
+            symbol=symbol,
+            side=side,
+            quantity=quantity,
+            reduce_only=reduce_only,
+            status=BrokerOrderStatus.PENDING,
+        )
+        if isinstance(step, Reject):
+            if step.code is RejectionCode.BROKER_RATE_LIMITED:
+                order.status, order.rejection = BrokerOrderStatus.REJECTED, step.error()
+                return order.view()  # refused before the broker recorded anything
+            return self._reject(account, order, step.error())
+        refusal = self._check(account, order, now)
+        if refusal is not None:
+            return self._reject(account, order, refusal)
+        self._record(account, order)
+        if reduce_only:
+            order.quantity = min(quantity, reducible(account.position(symbol), side))
+            if order.quantity == 0:
+                order.quantity = quantity
+                order.status = BrokerOrderStatus.CANCELLED  # nothing held to reduce
+                return order.view()
+        fill = step if isinstance(step, Fill) else Fill()
+        order.rest_after_polls = fill.rest_after_polls
+        instrument = self.catalogue[symbol]
+        account.fill(instrument, order, order.quantity * fill.now, self._state.prices[symbol])
+        return order.view()
+
+    def order_status(self, account_id: str, client_order_id: str) -> BrokerOrder | None:
+        """The recorded order; each poll of an open order counts towards its scripted fill."""
+        account = self._account(account_id)
+        order = account.orders.get(client_order_id)
+        if order is None:
+            return None
+        if order.is_open:
+            order.polls += 1
+            if order.rest_after_polls is not None and order.polls >= order.rest_after_polls:
+                price = self._state.prices[order.symbol]
+                account.fill(self.catalogue[order.symbol], order, order.remaining, price)
+        return order.view()
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole mutable state as JSON-compatible data."""
+        data: dict[str, Any] = converter.unstructure(self._state)
+        return data
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Replace the state with one taken by ``snapshot`` (same catalogue); raises
+        ValueError, leaving the state as it was, when ``data`` is not such a snapshot."""
+        try:
+            state = converter.structure(dict(data), ExchangeState)
+        except cattrs.BaseValidationError as e:
+            reasons = "; ".join(cattrs.transform_error(e))
+            raise ValueError(f"not a paper exchange snapshot: {reasons}") from e
+        unknown = (set(state.prices) | set(state.market_open)) - set(self.catalogue)
+        if unknown:
+            raise ValueError(f"snapshot names symbols outside the catalogue: {sorted(unknown)}")
+        self._state = state
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _account(self, account_id: str) -> Account:
+        account = self._state.accounts.get(account_id)
+        if account is None:
+            account = Account(cash=self._state.default_cash)
+            self._state.accounts[account_id] = account
+        return account
+
+    def _record(self, account: Account, order: PaperOrder) -> None:
+        self._state.order_sequence += 1
+        order.broker_order_id = f"paper-{self._state.order_sequence:08d}"
+        account.orders[order.client_order_id] = order
+
+    def _reject(self, account: Account, order: PaperOrder, error: OrderError) -> BrokerOrder:
+        order.status, order.rejection = BrokerOrderStatus.REJECTED, error
+        self._record(account, order)
+        return order.view()
+
+    def _check(self, account: Account, order: PaperOrder, now: datetime) -> OrderError | None:
+        instrument = self.catalogue.get(order.symbol)
+        if instrument is None:
+            return OrderError(
+                RejectionCode.INVALID_SYMBOL,
+                f"symbol not found in broker contracts: {order.symbol}",
+            )
+        if instrument.position_mode is not PositionMode.ONE_WAY:
+            return OrderError(
+                RejectionCode.POSITION_MODE_MISMATCH,
+                f"{order.symbol}: the account is in hedge position mode; "
+                "switch it to one-way mode to trade",
+            )
+        if not self.is_market_open(order.symbol, now):
+            return OrderError(
+                RejectionCode.MARKET_CLOSED,
+                f"market closed for {order.symbol}; trading hours: {instrument.hours.text}",
+            )
+        if order.reduce_only:
+            return None
+        shortfall = account.margin_shortfall(
+            instrument, order.side, order.quantity, self.catalogue, self._state.prices
+        )
+        if shortfall is None:
+            return None
+        required, available = shortfall
+        return OrderError(
+            RejectionCode.INSUFFICIENT_MARGIN,
+            f"insufficient margin: {required:f} needed, {max(available, Decimal(0)):f} available",
+        )
+
+
+class PaperBroker:
+    """One account's connection to a ``PaperExchange`` (``tradecore.broker.Broker``).
+
+    Calls raise ``BrokerDisconnected`` until ``connect`` has been called, and after the
+    exchange drops the connection (``PaperExchange.disconnect``).
+    """
+
+    def __init__(self, exchange: PaperExchange, account_id: str, clock: Clock) -> None:
+        self.exchange = exchange
+        self.account_id = account_id
+        self._clock = clock
+
+    @property
+    def name(self) -> str:
+        return "paper"
+
+    async def connect(self) -> None:
+        self.exchange.connect(self.account_id)
+
+    async def instruments(self) -> frozenset[str]:
+        self.exchange.check_link(self.account_id)
+        return self.exchange.symbols()
+
+    async def positions(self) -> Mapping[str, Decimal]:
+        self.exchange.check_link(self.account_id)
+        return self.exchange.positions(self.account_id)
+
+    async def place_order(
+        self,
+        client_order_id: str,
+        symbol: str,
+        side: Side,
+        quantity: Decimal,
+        *,
+        reduce_only: bool = False,
+    ) -> BrokerOrder:
+        self.exchange.check_link(self.account_id)
+        return self.exchange.place(
+            self.account_id,
+            client_order_id,
+            symbol,
+            side,
+            quantity,
+            reduce_only=reduce_only,
+            now=self._clock.now(),
+        )
+
+    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+        self.exchange.check_link(self.account_id)
+        return self.exchange.order_status(self.account_id, client_order_id)

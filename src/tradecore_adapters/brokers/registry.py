@@ -1,0 +1,42 @@
+"""The paper broker behind the core's ``BrokerFactory`` and ``InstrumentDirectory`` ports.
+
+Real orders of paper accounts trade on one exchange, simulated orders (``?simulation=true``)
+on another, so a simulation never moves the real book.
+"""
+
+from __future__ import annotations
+
+from tradecore.ports.runtime import Clock
+from tradecore_adapters.brokers.paper import PaperBroker, PaperExchange
+
+PAPER = "paper"
+
+
+class PaperBrokerFactory:
+    """Opens paper connections: ``simulation`` always uses the simulation exchange."""
+
+    def __init__(
+        self, exchange: PaperExchange, simulation_exchange: PaperExchange, clock: Clock
+    ) -> None:
+        self._exchange = exchange
+        self._simulation_exchange = simulation_exchange
+        self._clock = clock
+
+    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> PaperBroker:
+        """A new, not yet connected broker for the account; raises ValueError for a broker
+        name other than ``paper`` on a real order (no other broker exists here)."""
+        if simulation:
+            return PaperBroker(self._simulation_exchange, trading_account_id, self._clock)
+        if broker_name != PAPER:
+            raise ValueError(f"unknown broker {broker_name!r}")
+        return PaperBroker(self._exchange, trading_account_id, self._clock)
+
+
+class PaperInstrumentDirectory:
+    """The paper catalogue's symbols for ``paper``; nothing for any other broker."""
+
+    def __init__(self, exchange: PaperExchange) -> None:
+        self._exchange = exchange
+
+    async def symbols(self, broker_name: str) -> frozenset[str]:
+        return self._exchange.symbols() if broker_name == PAPER else frozenset()

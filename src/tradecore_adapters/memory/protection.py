@@ -1,0 +1,117 @@
+"""In-memory replay store, rate limiter and alert throttle (one process, one event loop).
+
+Each operation runs without an ``await`` between its read and its write, so it is atomic with
+respect to every other coroutine on the loop, as the Redis commands and scripts are. Time comes
+from the injected Clock; expired entries behave as absent and are swept now and then so memory
+stays bounded by the live keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from tradecore.limits import RATE_KEY_TTL_S, admit
+from tradecore.ports.protection import RateDecision
+from tradecore.ports.runtime import Clock
+
+log = logging.getLogger(__name__)
+
+_SWEEP_EVERY = 1024
+
+
+class _ExpiringKeys:
+    """Keys with an expiry time; a key at or past its expiry is absent."""
+
+    def __init__(self) -> None:
+        self._expiry: dict[str, datetime] = {}
+        self._writes = 0
+
+    def live(self, key: str, now: datetime) -> bool:
+        expiry = self._expiry.get(key)
+        if expiry is None:
+            return False
+        if expiry <= now:
+            del self._expiry[key]
+            return False
+        return True
+
+    def set(self, key: str, now: datetime, ttl_s: float) -> None:
+        self._expiry[key] = now + timedelta(seconds=ttl_s)
+        self._writes += 1
+        if self._writes % _SWEEP_EVERY == 0:
+            self._expiry = {k: e for k, e in self._expiry.items() if e > now}
+
+    def delete(self, key: str) -> None:
+        self._expiry.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+
+class MemoryReplayStore:
+    """ReplayStore: SET NX with a TTL. A TTL below one second is taken as one second."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._keys = _ExpiringKeys()
+
+    async def claim(self, fingerprint: str, ttl_s: int) -> bool:
+        now = self._clock.now()
+        if self._keys.live(fingerprint, now):
+            return False
+        self._keys.set(fingerprint, now, max(1, ttl_s))
+        return True
+
+    async def release(self, fingerprint: str) -> None:
+        self._keys.delete(fingerprint)
+
+
+class MemoryRateLimiter:
+    """RateLimiter: ``tradecore.limits.admit`` per user; a user's window is dropped once it
+    has been idle for the key TTL (``RATE_KEY_TTL_S``, or the window plus 5 s if longer).
+    Fails open: any error answers allowed."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._windows: dict[str, tuple[tuple[float, ...], float]] = {}  # entries, expires at
+        self._hits = 0
+
+    async def hit(self, user_id: str, limit: int, window_s: float) -> RateDecision:
+        try:
+            now_s = self._clock.now().timestamp()
+            entries, expires_at = self._windows.get(user_id, ((), now_s))
+            if expires_at <= now_s:
+                entries = ()
+            decision = admit(entries, now_s, limit, window_s)
+            if decision.allowed:
+                ttl = max(float(RATE_KEY_TTL_S), window_s + 5)
+                self._windows[user_id] = (decision.kept, now_s + ttl)
+            self._sweep(now_s)
+            return RateDecision(decision.allowed, decision.remaining, decision.retry_after_s)
+        except Exception:
+            log.exception("rate limiter failed; admitting the request (fail open)")
+            return RateDecision(True, max(limit - 1, 0), None)
+
+    def _sweep(self, now_s: float) -> None:
+        self._hits += 1
+        if self._hits % _SWEEP_EVERY == 0:
+            self._windows = {u: w for u, w in self._windows.items() if w[1] > now_s}
+
+
+class MemoryAlertThrottle:
+    """AlertThrottle: one slot per user that lasts ``period_s`` from its claim."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._slots = _ExpiringKeys()
+
+    async def try_claim(self, user_id: str, period_s: int) -> bool:
+        now = self._clock.now()
+        if self._slots.live(user_id, now):
+            return False
+        self._slots.set(user_id, now, period_s)
+        return True
+
+    async def release(self, user_id: str) -> None:
+        self._slots.delete(user_id)

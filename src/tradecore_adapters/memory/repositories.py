@@ -1,0 +1,251 @@
+"""In-memory repositories: the durable-record ports held in dictionaries.
+
+"Durable" here means: stored before the call returns and visible to every later call in the
+process. Semantics (uniqueness, compare-and-set, ordering) match the Postgres adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from tradecore.accounts import TradingAccount
+from tradecore.audit import AuditAction, AuditEntry, StoredAuditEntry
+from tradecore.errors import DuplicateOrder
+from tradecore.identity import AllowedIp, ApiKey, Session, User
+from tradecore.orders import OrderHistoryRecord, OrderStatus
+
+
+class MemoryUserRepository:
+    def __init__(self) -> None:
+        self._by_id: dict[str, User] = {}
+        self._id_by_email: dict[str, str] = {}
+
+    async def add(self, user: User) -> bool:
+        key = user.email.casefold()
+        if key in self._id_by_email:
+            return False
+        self._by_id[user.id] = user
+        self._id_by_email[key] = user.id
+        return True
+
+    async def get(self, user_id: str) -> User | None:
+        return self._by_id.get(user_id)
+
+    async def by_email(self, email: str) -> User | None:
+        user_id = self._id_by_email.get(email.casefold())
+        return None if user_id is None else self._by_id[user_id]
+
+    async def save(self, user: User) -> None:
+        old = self._by_id[user.id]
+        del self._id_by_email[old.email.casefold()]
+        self._by_id[user.id] = user
+        self._id_by_email[user.email.casefold()] = user.id
+
+
+class MemorySessionRepository:
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    async def add(self, session: Session) -> None:
+        self._sessions[session.id] = session
+
+    async def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    async def rotate_refresh(self, session_id: str, expected_jti: str, new_jti: str) -> bool:
+        session = self._sessions.get(session_id)
+        if session is None or not session.is_active or session.refresh_jti != expected_jti:
+            return False
+        self._sessions[session_id] = attrs.evolve(session, refresh_jti=new_jti)
+        return True
+
+    async def deactivate(self, session_id: str, at: datetime) -> bool:
+        session = self._sessions.get(session_id)
+        if session is None or not session.is_active:
+            return False
+        self._sessions[session_id] = attrs.evolve(session, is_active=False, revoked_at=at)
+        return True
+
+    async def deactivate_all(self, user_id: str, at: datetime) -> int:
+        revoked = 0
+        for session in list(self._sessions.values()):
+            if session.user_id == user_id and await self.deactivate(session.id, at):
+                revoked += 1
+        return revoked
+
+
+class MemoryApiKeyRepository:
+    def __init__(self) -> None:
+        self._keys: dict[str, ApiKey] = {}
+
+    async def add(self, key: ApiKey) -> None:
+        self._keys[key.id] = key
+
+    async def by_hash(self, key_hash: str) -> ApiKey | None:
+        return next((k for k in self._keys.values() if k.key_hash == key_hash), None)
+
+    async def list_for_user(self, user_id: str) -> list[ApiKey]:
+        keys = [k for k in self._keys.values() if k.user_id == user_id]
+        return sorted(keys, key=lambda k: k.created_at)
+
+    async def revoke(self, key_id: str, user_id: str, at: datetime) -> bool:
+        key = self._keys.get(key_id)
+        if key is None or key.user_id != user_id or key.revoked_at is not None:
+            return False
+        self._keys[key_id] = attrs.evolve(key, revoked_at=at)
+        return True
+
+    async def touch(self, key_id: str, at: datetime) -> None:
+        key = self._keys.get(key_id)
+        if key is not None:
+            self._keys[key_id] = attrs.evolve(key, last_used_at=at)
+
+
+class MemoryAllowedIpRepository:
+    def __init__(self) -> None:
+        self._entries: dict[str, AllowedIp] = {}
+
+    async def add(self, entry: AllowedIp) -> bool:
+        if any(
+            e.user_id == entry.user_id and e.ip_address == entry.ip_address
+            for e in self._entries.values()
+        ):
+            return False
+        self._entries[entry.id] = entry
+        return True
+
+    async def list_for_user(self, user_id: str) -> list[AllowedIp]:
+        entries = [e for e in self._entries.values() if e.user_id == user_id]
+        return sorted(entries, key=lambda e: e.created_at)
+
+    async def remove(self, entry_id: str, user_id: str) -> bool:
+        entry = self._entries.get(entry_id)
+        if entry is None or entry.user_id != user_id:
+            return False
+        del self._entries[entry_id]
+        return True
+
+
+class MemoryTradingAccountRepository:
+    def __init__(self, users: MemoryUserRepository) -> None:
+        self._users = users
+        self._accounts: dict[str, TradingAccount] = {}
+        self._id_by_token_hash: dict[str, str] = {}
+
+    async def add(self, account: TradingAccount) -> None:
+        self._accounts[account.id] = account
+        self._id_by_token_hash[account.webhook_token_hash] = account.id
+
+    async def get(self, account_id: str) -> TradingAccount | None:
+        account = self._accounts.get(account_id)
+        return None if account is None or account.deleted else account
+
+    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
+        account_id = self._id_by_token_hash.get(token_hash)
+        account = None if account_id is None else await self.get(account_id)
+        if account is None:
+            return None
+        user = await self._users.get(account.user_id)
+        return None if user is None else (account, user)
+
+    async def list_for_user(self, user_id: str) -> list[TradingAccount]:
+        accounts = [a for a in self._accounts.values() if a.user_id == user_id and not a.deleted]
+        return sorted(accounts, key=lambda a: a.created_at)
+
+    async def save(self, account: TradingAccount) -> None:
+        old = self._accounts[account.id]
+        self._id_by_token_hash.pop(old.webhook_token_hash, None)
+        self._accounts[account.id] = account
+        self._id_by_token_hash[account.webhook_token_hash] = account.id
+
+
+class MemoryOrderHistory:
+    def __init__(self) -> None:
+        self._rows: dict[str, OrderHistoryRecord] = {}
+        self._fingerprints: set[tuple[str, str]] = set()
+
+    async def add(self, record: OrderHistoryRecord) -> None:
+        if record.fingerprint is not None:
+            key = (record.user_id, record.fingerprint)
+            if key in self._fingerprints:
+                raise DuplicateOrder(record.fingerprint)
+            self._fingerprints.add(key)
+        self._rows[record.id] = record
+
+    async def get(self, order_id: str) -> OrderHistoryRecord | None:
+        return self._rows.get(order_id)
+
+    async def transition(
+        self,
+        order_id: str,
+        expected: Collection[OrderStatus],
+        changes: Mapping[str, Any],
+    ) -> OrderHistoryRecord | None:
+        row = self._rows.get(order_id)
+        if row is None or row.status not in expected:
+            return None
+        updated = attrs.evolve(row, **changes)
+        if updated.fingerprint != row.fingerprint:
+            if row.fingerprint is not None:
+                self._fingerprints.discard((row.user_id, row.fingerprint))
+            if updated.fingerprint is not None:
+                self._fingerprints.add((row.user_id, updated.fingerprint))
+        self._rows[order_id] = updated
+        return updated
+
+    async def list_for_user(
+        self,
+        user_id: str,
+        *,
+        trading_account_id: str | None = None,
+        before: datetime | None = None,
+        limit: int = 50,
+    ) -> Sequence[OrderHistoryRecord]:
+        rows = [
+            r
+            for r in self._rows.values()
+            if r.user_id == user_id
+            and (trading_account_id is None or r.trading_account_id == trading_account_id)
+            and (before is None or r.created_at < before)
+        ]
+        rows.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        return rows[:limit]
+
+    async def count_since(self, user_id: str, since: datetime) -> int:
+        return sum(1 for r in self._rows.values() if r.user_id == user_id and r.created_at >= since)
+
+
+class MemoryAuditLog:
+    def __init__(self) -> None:
+        self._entries: list[StoredAuditEntry] = []
+
+    async def append(self, entry: AuditEntry) -> int:
+        stored = StoredAuditEntry(id=len(self._entries) + 1, entry=entry)
+        self._entries.append(stored)
+        return stored.id
+
+    async def list_for_user(
+        self,
+        user_id: str,
+        *,
+        actions: Collection[AuditAction] | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[StoredAuditEntry], int]:
+        matching = [
+            s
+            for s in reversed(self._entries)
+            if s.entry.user_id == user_id
+            and (actions is None or s.entry.action in actions)
+            and (since is None or s.entry.created_at >= since)
+        ]
+        return matching[offset : offset + limit], len(matching)
+
+    def all(self) -> list[StoredAuditEntry]:
+        """Every entry, oldest first (tests and the demo read it)."""
+        return list(self._entries)

@@ -1,0 +1,1 @@
+"""tradecore_entrypoints."""

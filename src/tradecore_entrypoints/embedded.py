@@ -1,0 +1,203 @@
+"""The embedded runtime: the whole system in one process, on in-memory adapters.
+
+``build_embedded()`` wires every port to its memory adapter, the paper broker, a logging mail
+outbox, an in-process worker host and the fill verifier. It is what ``tradecore serve`` runs
+with neither ``DATABASE_URL`` nor ``REDIS_URL`` set, what ``tradecore demo`` walks through,
+and what the core's flow tests run against::
+
+    system = build_embedded()
+    async with system.running():
+        user = await system.provisioning.create_user(
+            "ada@example.com", "correct horse battery", plan=Plan.PRO, terms_version="1"
+        )
+        new = await system.provisioning.create_account(user, "Main", credentials_verified=True)
+        outcome = await system.webhooks.handle(new.webhook_token, body, simulation=False,
+                                               context=context)
+
+Time and randomness are injectable so tests can drive the same wiring with a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import attrs
+from tradecore_adapters.brokers.paper import PaperExchange
+from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
+from tradecore_adapters.memory.messaging import (
+    MemoryFillTaskQueue,
+    MemoryOrderQueue,
+    MemoryWorkerDirectory,
+)
+from tradecore_adapters.memory.protection import (
+    MemoryAlertThrottle,
+    MemoryRateLimiter,
+    MemoryReplayStore,
+)
+
+from tradecore.ports.identity import PasswordHasher
+from tradecore.ports.runtime import Clock, RandomSource, Sleeper
+from tradecore.services.dashboard_order import DashboardOrders
+from tradecore.services.dispatch import OrderDispatcher
+from tradecore.services.fill_verifier import FillVerifier
+from tradecore.services.order_checks import OrderChecks
+from tradecore.services.provisioning import Provisioning
+from tradecore.services.security_events import SecurityEvents
+from tradecore.services.settings import OrderSettings
+from tradecore.services.webhook_intake import WebhookIntake
+from tradecore.services.worker import UserWorker
+from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
+from tradecore_adapters.mail.outbox import LoggingOutbox
+from tradecore_adapters.memory.repositories import (
+    MemoryAllowedIpRepository,
+    MemoryApiKeyRepository,
+    MemoryAuditLog,
+    MemoryOrderHistory,
+    MemorySessionRepository,
+    MemoryTradingAccountRepository,
+    MemoryUserRepository,
+)
+from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
+
+FILL_POLL_S = 0.2
+
+
+@attrs.define
+class EmbeddedSystem:
+    """Every part of the embedded runtime, reachable by name for tests and the demo."""
+
+    clock: Clock
+    sleeper: Sleeper
+    random: RandomSource
+    settings: OrderSettings
+    users: MemoryUserRepository
+    sessions: MemorySessionRepository
+    api_keys: MemoryApiKeyRepository
+    allowed_ips: MemoryAllowedIpRepository
+    accounts: MemoryTradingAccountRepository
+    orders: MemoryOrderHistory
+    audit: MemoryAuditLog
+    replay: MemoryReplayStore
+    limiter: MemoryRateLimiter
+    throttle: MemoryAlertThrottle
+    outbox: LoggingOutbox
+    queue: MemoryOrderQueue
+    directory: MemoryWorkerDirectory
+    fill_tasks: MemoryFillTaskQueue
+    exchange: PaperExchange
+    simulation_exchange: PaperExchange
+    events: SecurityEvents
+    provisioning: Provisioning
+    webhooks: WebhookIntake
+    dashboard: DashboardOrders
+    host: WorkerHost
+    verifier: FillVerifier
+    _verifier_task: asyncio.Task[None] | None = None
+
+    async def start(self, *, verify_fills: bool = True) -> None:
+        """Start the worker host and, unless told not to, the fill-verifier loop (tests drive
+        ``verifier.run_once`` themselves)."""
+        await self.host.start()
+        if verify_fills and self._verifier_task is None:
+            self._verifier_task = asyncio.create_task(self._verify_forever(), name="fills")
+
+    async def stop(self) -> None:
+        """Stop the fill verifier, the workers and the alerts in flight."""
+        if self._verifier_task is not None:
+            self._verifier_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._verifier_task
+            self._verifier_task = None
+        await self.host.stop()
+        await self.events.drain()
+
+    @contextlib.asynccontextmanager
+    async def running(self, *, verify_fills: bool = True) -> AsyncIterator[EmbeddedSystem]:
+        """Start on entry, stop on exit."""
+        await self.start(verify_fills=verify_fills)
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+    async def _verify_forever(self) -> None:
+        while True:
+            if await self.verifier.run_once(0) is None:
+                await asyncio.sleep(FILL_POLL_S)
+
+
+def build_embedded(
+    *,
+    clock: Clock | None = None,
+    sleeper: Sleeper | None = None,
+    random: RandomSource | None = None,
+    settings: OrderSettings | None = None,
+    host_settings: HostSettings | None = None,
+    hasher: PasswordHasher | None = None,
+) -> EmbeddedSystem:
+    """The embedded system, not yet started (see ``EmbeddedSystem.running``)."""
+    clock = clock or SystemClock()
+    sleeper = sleeper or AsyncioSleeper()
+    random = random or SecretsRandom()
+    settings = settings or OrderSettings()
+
+    users = MemoryUserRepository()
+    accounts = MemoryTradingAccountRepository(users)
+    orders = MemoryOrderHistory()
+    audit = MemoryAuditLog()
+    allowed_ips = MemoryAllowedIpRepository()
+    replay = MemoryReplayStore(clock)
+    limiter = MemoryRateLimiter(clock)
+    throttle = MemoryAlertThrottle(clock)
+    outbox = LoggingOutbox()
+    directory = MemoryWorkerDirectory(clock)
+    queue = MemoryOrderQueue(clock, directory)
+    directory.attach_queue(queue)
+    fill_tasks = MemoryFillTaskQueue(clock)
+    exchange = PaperExchange()
+    simulation_exchange = PaperExchange()
+    brokers = PaperBrokerFactory(exchange, simulation_exchange, clock)
+
+    events = SecurityEvents(audit, users, throttle, outbox, clock)
+    checks = OrderChecks(limiter, orders, PaperInstrumentDirectory(exchange), settings)
+    dispatcher = OrderDispatcher(orders, queue, directory, random, settings)
+
+    def make_worker(user_id: str) -> UserWorker:
+        return UserWorker(user_id, orders, brokers, fill_tasks, clock, sleeper)
+
+    host = WorkerHost(directory, queue, make_worker, clock, sleeper, host_settings)
+    return EmbeddedSystem(
+        clock=clock,
+        sleeper=sleeper,
+        random=random,
+        settings=settings,
+        users=users,
+        sessions=MemorySessionRepository(),
+        api_keys=MemoryApiKeyRepository(),
+        allowed_ips=allowed_ips,
+        accounts=accounts,
+        orders=orders,
+        audit=audit,
+        replay=replay,
+        limiter=limiter,
+        throttle=throttle,
+        outbox=outbox,
+        queue=queue,
+        directory=directory,
+        fill_tasks=fill_tasks,
+        exchange=exchange,
+        simulation_exchange=simulation_exchange,
+        events=events,
+        provisioning=Provisioning(users, accounts, hasher or Argon2PasswordHasher(), clock, random),
+        webhooks=WebhookIntake(
+            accounts, allowed_ips, replay, checks, dispatcher, events, clock, settings
+        ),
+        dashboard=DashboardOrders(
+            accounts, allowed_ips, checks, dispatcher, events, clock, settings
+        ),
+        host=host,
+        verifier=FillVerifier(fill_tasks, orders, host.check_order_status, clock),
+    )

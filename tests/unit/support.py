@@ -1,0 +1,102 @@
+"""Helpers for flow tests: webhook bodies, request contexts, a provisioned trader."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import argon2
+import attrs
+
+from tradecore.audit import AuditAction, RequestContext
+from tradecore.identity import Plan, User
+from tradecore.services.provisioning import NewAccount
+from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
+from tradecore_entrypoints.embedded import EmbeddedSystem
+
+ATTACKER_IP = "198.51.100.66"
+USER_IP = "203.0.113.7"
+
+
+def context(ip: str = USER_IP, path: str = "/webhook/token/order") -> RequestContext:
+    return RequestContext(
+        ip_address=ip, user_agent="TradingView-Webhook", request_path=path, request_method="POST"
+    )
+
+
+def webhook_body(
+    secret: str | None,
+    timestamp: datetime | str | None,
+    *,
+    action: str = "buy",
+    symbol: str = "BTCUSDT",
+    quantity: Any = 1,
+    order_type: str | None = None,
+    **extra: Any,
+) -> bytes:
+    """A webhook body as TradingView would post it (fields left None are omitted)."""
+    fields: dict[str, Any] = {"action": action, "symbol": symbol, "quantity": quantity}
+    if timestamp is not None:
+        fields["timestamp"] = timestamp if isinstance(timestamp, str) else timestamp.isoformat()
+    if secret is not None:
+        fields["secret"] = secret
+    if order_type is not None:
+        fields["order_type"] = order_type
+    fields.update(extra)
+    return json.dumps(fields).encode()
+
+
+@attrs.define
+class Trader:
+    """A provisioned user with one verified paper account."""
+
+    system: EmbeddedSystem
+    user: User
+    account: NewAccount
+
+    @property
+    def token(self) -> str:
+        return self.account.webhook_token
+
+    @property
+    def secret(self) -> str:
+        return self.account.webhook_secret
+
+    def body(self, **kwargs: Any) -> bytes:
+        kwargs.setdefault("timestamp", self.system.clock.now())
+        return webhook_body(self.secret, **kwargs)
+
+    async def send(self, body: bytes, *, simulation: bool = False, ip: str = USER_IP) -> Any:
+        return await self.system.webhooks.handle(
+            self.token, body, simulation=simulation, context=context(ip)
+        )
+
+    def position(self, symbol: str = "BTCUSDT") -> Decimal:
+        return self.system.exchange.position(self.account.account.id, symbol)
+
+    def audit_actions(self) -> list[AuditAction]:
+        return [s.entry.action for s in self.system.audit.all() if s.entry.user_id == self.user.id]
+
+
+def fast_hasher() -> Argon2PasswordHasher:
+    """Argon2id with tiny costs: the tests check the flows, not the hashing cost."""
+    return Argon2PasswordHasher(
+        hasher=argon2.PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+    )
+
+
+async def make_trader(
+    system: EmbeddedSystem,
+    email: str = "ada@example.com",
+    *,
+    plan: Plan = Plan.PRO,
+    terms: str | None = "1",
+    verified: bool = True,
+) -> Trader:
+    user = await system.provisioning.create_user(
+        email, "correct horse battery staple", plan=plan, terms_version=terms
+    )
+    account = await system.provisioning.create_account(user, "Main", credentials_verified=verified)
+    return Trader(system, user, account)
