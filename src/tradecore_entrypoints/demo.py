@@ -86,7 +86,10 @@ class Demo:
 
     async def run(self) -> None:
         user = await self.system.provisioning.create_user(
-            "demo@example.com", "demo password, not for production", plan=Plan.PRO, terms_version="1"
+            "demo@example.com",
+            "demo password, not for production",
+            plan=Plan.PRO,
+            terms_version="1",
         )
         self.echo(f"User {user.email} (plan pro), paper broker, symbol {SYMBOL}\n")
         await self.reversals(user)
@@ -121,7 +124,7 @@ class Demo:
         stale = (self.system.clock.now() - timedelta(minutes=10)).isoformat()
         outcome = await self.send(account, self.body(account, "buy", 1, timestamp=stale))
         self.echo(f"   timestamp 10 minutes old  -> {_describe(outcome)}")
-        outcome = await self.send(account, self.body(account, "buy", 1, secret="guessed"))
+        outcome = await self.send(account, self.body(account, "buy", 1, secret="guessed"))  # noqa: S106
         self.echo(f"   wrong secret              -> {_describe(outcome)}")
         outcome = await self.system.webhooks.handle(
             "unknown-token", body, simulation=False, context=CONTEXT
@@ -164,9 +167,7 @@ class Demo:
         self.echo("   (one alert mail per user per 30 minutes; the later attacks were throttled)")
 
     async def account(self, user: User, name: str) -> NewAccount:
-        return await self.system.provisioning.create_account(
-            user, name, credentials_verified=True
-        )
+        return await self.system.provisioning.create_account(user, name, credentials_verified=True)
 
 
 def _result(outcome: OrderOutcome) -> OrderResult:

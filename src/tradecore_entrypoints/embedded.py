@@ -24,18 +24,6 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import attrs
-from tradecore_adapters.brokers.paper import PaperExchange
-from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
-from tradecore_adapters.memory.protection import (
-    MemoryAlertThrottle,
-    MemoryRateLimiter,
-    MemoryReplayStore,
-)
 
 from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
@@ -49,8 +37,20 @@ from tradecore.services.settings import OrderSettings
 from tradecore.services.webhook_intake import WebhookIntake
 from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore_adapters.brokers.paper import PaperExchange
+from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.mail.outbox import LoggingOutbox
+from tradecore_adapters.memory.messaging import (
+    MemoryFillTaskQueue,
+    MemoryOrderQueue,
+    MemoryWorkerDirectory,
+)
+from tradecore_adapters.memory.protection import (
+    MemoryAlertThrottle,
+    MemoryRateLimiter,
+    MemoryReplayStore,
+)
 from tradecore_adapters.memory.repositories import (
     MemoryAllowedIpRepository,
     MemoryApiKeyRepository,

@@ -113,9 +113,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
 
     row = await embedded.orders.get(queued.order_id)
     assert row is not None and row.status is OrderStatus.SUBMITTED
-    assert [r.order_id for r in await embedded.queue.in_flight(trader.user.id)] == [
-        queued.order_id
-    ]
+    assert [r.order_id for r in await embedded.queue.in_flight(trader.user.id)] == [queued.order_id]
     async with embedded.running(verify_fills=False):
         embedded.host.activate(trader.user.id)  # a new worker starts and recovers
         result = await embedded.queue.wait_result(queued.request_id, 5)

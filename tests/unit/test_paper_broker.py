@@ -168,13 +168,19 @@ async def test_reduce_only_with_nothing_against_it_is_cancelled(
     assert exchange.position(ACCOUNT, "BTCUSDT") == position
 
 
-async def test_open_orders_reserve_margin(exchange: PaperExchange, broker: PaperBroker) -> None:
-    exchange.delay_next_fill(None)
+async def test_rest_that_no_longer_fits_the_margin_is_cancelled(
+    exchange: PaperExchange, broker: PaperBroker
+) -> None:
+    exchange.delay_next_fill(1)
     pending = await broker.place_order("c1", "ES", Side.BUY, D(6))
-    assert pending.status is BrokerOrderStatus.PENDING
-    refused = await broker.place_order("c2", "ES", Side.BUY, D(1))
-    assert refused.rejection is not None
-    assert refused.rejection.code is RejectionCode.INSUFFICIENT_MARGIN
+    assert pending.status is BrokerOrderStatus.PENDING  # fits now: 90000 of 100000
+    await broker.place_order("c2", "ES", Side.BUY, D(6))  # takes the margin first
+    order = await broker.order_status("c1")
+    assert order is not None and order.status is BrokerOrderStatus.CANCELLED
+    assert order.rejection is not None
+    assert order.rejection.code is RejectionCode.INSUFFICIENT_MARGIN
+    assert exchange.position(ACCOUNT, "ES") == 6
+    assert exchange.available(ACCOUNT) == D(10000)
 
 
 # -- rejections -----------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The paper exchange run side by side with a simple model of what it must do.
 
 The model knows only the rules: a known client order id returns the recorded order; a
-reduce-only order fills at most what is held against it; any other order must fit its opening
-part into the cash left after held and reserved margin; a delayed order fills once polled
-enough. Prices stay fixed, so cash never moves and the margin arithmetic is exact.
+reduce-only order fills at most what is held against it; any other order must fit the opening
+part of each fill into the cash left after the positions' margin (a rest that no longer fits
+is cancelled); a delayed order fills once polled enough. Prices stay fixed, so cash never
+moves and the margin arithmetic is exact.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ModelOrder:
     polls: int = 0
     fill_after: int | None = None
     done: bool = False
+    margin_cancelled: bool = False
     broker_order_id: str = ""
 
 
@@ -68,21 +70,20 @@ class PaperBrokerMachine(RuleBasedStateMachine):
         return broker
 
     def _available(self) -> Decimal:
-        held = sum((abs(q) * MARGIN[s] for s, q in self.positions.items()), ZERO)
-        reserved = sum(
-            (
-                (o.quantity - o.filled) * MARGIN[o.symbol]
-                for o in self.orders.values()
-                if not o.done and not o.reduce_only and not o.rejected
-            ),
-            ZERO,
-        )
-        return CASH - held - reserved
+        return CASH - sum((abs(q) * MARGIN[s] for s, q in self.positions.items()), ZERO)
+
+    def _fits(self, symbol: str, side: Side, quantity: Decimal) -> bool:
+        closing = min(quantity, against(self.positions[symbol], side))
+        opening = quantity - closing
+        return opening * MARGIN[symbol] <= self._available() + closing * MARGIN[symbol]
 
     def _fill(self, order: ModelOrder, quantity: Decimal) -> None:
         before = self.positions[order.symbol]
         if order.reduce_only:
             quantity = min(quantity, against(before, order.side))
+        elif not self._fits(order.symbol, order.side, quantity):
+            order.done = order.margin_cancelled = True
+            return
         after = before + order.side.sign * quantity
         if order.reduce_only:
             assert abs(after) <= abs(before)  # reduce-only never increases exposure
@@ -127,9 +128,7 @@ class PaperBrokerMachine(RuleBasedStateMachine):
                 model.quantity, model.done = quantity, True
                 assert order.status is BrokerOrderStatus.CANCELLED
         else:
-            opening = quantity - min(quantity, against(held, side))
-            freed = (quantity - opening) * MARGIN[symbol]
-            fits = opening * MARGIN[symbol] <= self._available() + freed
+            fits = self._fits(symbol, side, quantity)
             model = ModelOrder(symbol, side, quantity, False, rejected=not fits)
             if not fits:
                 assert order.rejection is not None
@@ -171,6 +170,10 @@ class PaperBrokerMachine(RuleBasedStateMachine):
         assert order.status.is_final == (model.done or model.rejected)
         if model.filled == model.quantity:
             assert order.status is BrokerOrderStatus.FILLED
+        if model.margin_cancelled:
+            assert order.status is BrokerOrderStatus.CANCELLED
+            assert order.rejection is not None
+            assert order.rejection.code is RejectionCode.INSUFFICIENT_MARGIN
 
     @invariant()
     def positions_match_the_model(self) -> None:

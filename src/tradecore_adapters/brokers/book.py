@@ -2,8 +2,10 @@
 
 A fill that crosses zero is a close of the held quantity (realising its profit or loss into
 cash) followed by an open of the rest at the fill price, never one mutation. Margin is
-``quantity * contract_size * price * margin_rate`` at the instrument's current price; open
-orders that may still increase exposure reserve margin for their unfilled quantity.
+``quantity * contract_size * price * margin_rate`` at the instrument's current price and is
+checked for every fill that opens exposure: when the rest of an order comes to fill and no
+longer fits, the rest is cancelled with ``insufficient_margin``. At fixed prices the available
+balance therefore never goes negative.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from decimal import Decimal
 import attrs
 
 from tradecore.broker import BrokerOrder, BrokerOrderStatus
-from tradecore.orders import OrderError, Side
+from tradecore.orders import OrderError, RejectionCode, Side
 from tradecore_adapters.brokers.catalogue import Instrument
 
 ZERO = Decimal(0)
@@ -89,42 +91,31 @@ class Account:
     def used_margin(
         self, catalogue: Mapping[str, Instrument], prices: Mapping[str, Decimal]
     ) -> Decimal:
-        """Margin held by positions plus margin reserved by open orders that may add exposure."""
-        held = sum(
+        """Margin held by the positions at current prices."""
+        return sum(
             (
                 catalogue[symbol].margin(abs(h.quantity), prices[symbol])
                 for symbol, h in self.holdings.items()
             ),
             ZERO,
         )
-        reserved = sum(
-            (
-                catalogue[o.symbol].margin(o.remaining, prices[o.symbol])
-                for o in self.orders.values()
-                if o.is_open and not o.reduce_only
-            ),
-            ZERO,
-        )
-        return held + reserved
 
     def available(
         self, catalogue: Mapping[str, Instrument], prices: Mapping[str, Decimal]
     ) -> Decimal:
         return self.cash - self.used_margin(catalogue, prices)
 
-    def margin_shortfall(
+    def margin_refusal(
         self,
         instrument: Instrument,
         side: Side,
         quantity: Decimal,
         catalogue: Mapping[str, Instrument],
         prices: Mapping[str, Decimal],
-    ) -> tuple[Decimal, Decimal] | None:
-        """(required, available) when the opening part of an order does not fit, else None.
-
-        The closing part of the order is credited first: it frees its margin and realises its
-        profit or loss.
-        """
+    ) -> OrderError | None:
+        """``insufficient_margin`` when the opening part of ``quantity`` on ``side`` does not
+        fit the available balance, else None. The closing part is credited first: it frees
+        its margin and realises its profit or loss."""
         price = prices[instrument.symbol]
         holding = self.holdings.get(instrument.symbol, Holding())
         closing = min(quantity, reducible(holding.quantity, side))
@@ -132,25 +123,46 @@ class Account:
         if opening <= 0:
             return None
         realised = _pnl(instrument, holding, closing, price)
-        available = self.available(catalogue, prices) + instrument.margin(closing, price) + realised
+        freed = instrument.margin(closing, price)
+        available = self.available(catalogue, prices) + freed + realised
         required = instrument.margin(opening, price)
-        return (required, available) if required > available else None
+        if required <= available:
+            return None
+        return OrderError(
+            RejectionCode.INSUFFICIENT_MARGIN,
+            f"insufficient margin: {required:f} needed, {max(available, ZERO):f} available",
+        )
 
     def fill(
-        self, instrument: Instrument, order: PaperOrder, quantity: Decimal, price: Decimal
+        self,
+        instrument: Instrument,
+        order: PaperOrder,
+        quantity: Decimal,
+        catalogue: Mapping[str, Instrument],
+        prices: Mapping[str, Decimal],
     ) -> None:
-        """Fill up to ``quantity`` of ``order`` at ``price``; a reduce-only order fills at most
-        what is held against it and is cancelled when nothing is left to reduce."""
-        holding = self.holdings.setdefault(order.symbol, Holding())
+        """Fill up to ``quantity`` of ``order`` at the current price.
+
+        A reduce-only order fills at most what is held against it and is cancelled when
+        nothing is left to reduce; any other fill whose opening part does not fit the
+        available balance cancels the order's rest with ``insufficient_margin``.
+        """
         if order.reduce_only:
-            quantity = min(quantity, reducible(holding.quantity, order.side))
+            quantity = min(quantity, reducible(self.position(order.symbol), order.side))
+        elif quantity > 0:
+            refusal = self.margin_refusal(instrument, order.side, quantity, catalogue, prices)
+            if refusal is not None:
+                order.status, order.rejection = BrokerOrderStatus.CANCELLED, refusal
+                return
         if quantity > 0:
+            price = prices[order.symbol]
+            holding = self.holdings.setdefault(order.symbol, Holding())
             self._apply(instrument, holding, order.side, quantity, price)
+            if holding.quantity == 0:
+                del self.holdings[order.symbol]
             previous = order.filled_quantity * (order.average_price or ZERO)
             order.filled_quantity += quantity
             order.average_price = (previous + quantity * price) / order.filled_quantity
-        if holding.quantity == 0:
-            del self.holdings[order.symbol]
         if order.remaining <= 0:
             order.status = BrokerOrderStatus.FILLED
         elif order.reduce_only and reducible(self.position(order.symbol), order.side) == 0:
@@ -170,8 +182,6 @@ class Account:
         if closing:
             self.cash += _pnl(instrument, holding, closing, price)
             holding.quantity += side.sign * closing
-            if holding.quantity == 0:
-                holding.average_price = ZERO
         opening = quantity - closing
         if opening:
             size = abs(holding.quantity)

@@ -81,7 +81,7 @@ class PaperExchange:
         return self._account(account_id).cash
 
     def available(self, account_id: str) -> Decimal:
-        """Cash less the margin held by positions and reserved by open orders."""
+        """Cash less the margin held by positions."""
         return self._account(account_id).available(self.catalogue, self._state.prices)
 
     def orders(self, account_id: str) -> list[BrokerOrder]:
@@ -231,8 +231,7 @@ class PaperExchange:
                 return order.view()
         fill = step if isinstance(step, Fill) else Fill()
         order.rest_after_polls = fill.rest_after_polls
-        instrument = self.catalogue[symbol]
-        account.fill(instrument, order, order.quantity * fill.now, self._state.prices[symbol])
+        self._fill(account, order, order.quantity * fill.now)
         return order.view()
 
     def order_status(self, account_id: str, client_order_id: str) -> BrokerOrder | None:
@@ -244,8 +243,7 @@ class PaperExchange:
         if order.is_open:
             order.polls += 1
             if order.rest_after_polls is not None and order.polls >= order.rest_after_polls:
-                price = self._state.prices[order.symbol]
-                account.fill(self.catalogue[order.symbol], order, order.remaining, price)
+                self._fill(account, order, order.remaining)
         return order.view()
 
     # -- persistence -------------------------------------------------------------------------
@@ -282,6 +280,10 @@ class PaperExchange:
         order.broker_order_id = f"paper-{self._state.order_sequence:08d}"
         account.orders[order.client_order_id] = order
 
+    def _fill(self, account: Account, order: PaperOrder, quantity: Decimal) -> None:
+        instrument = self.catalogue[order.symbol]
+        account.fill(instrument, order, quantity, self.catalogue, self._state.prices)
+
     def _reject(self, account: Account, order: PaperOrder, error: OrderError) -> BrokerOrder:
         order.status, order.rejection = BrokerOrderStatus.REJECTED, error
         self._record(account, order)
@@ -307,15 +309,8 @@ class PaperExchange:
             )
         if order.reduce_only:
             return None
-        shortfall = account.margin_shortfall(
+        return account.margin_refusal(
             instrument, order.side, order.quantity, self.catalogue, self._state.prices
-        )
-        if shortfall is None:
-            return None
-        required, available = shortfall
-        return OrderError(
-            RejectionCode.INSUFFICIENT_MARGIN,
-            f"insufficient margin: {required:f} needed, {max(available, Decimal(0)):f} available",
         )
 
 
