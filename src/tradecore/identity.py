@@ -29,7 +29,7 @@ class User:
 
     id: str
     email: str
-    password_hash: str
+    password_hash: str = attrs.field(repr=False)
     plan: Plan
     created_at: datetime
     disabled: bool = False
@@ -45,16 +45,17 @@ class User:
 
 @attrs.frozen
 class Session:
-    """A row of user_sessions. ``refresh_jti`` is the id of the one valid refresh token."""
+    """A row of user_sessions. ``refresh_jti`` is the SHA-256 hex digest of the id of the one
+    valid refresh token. Neither it nor the CSRF token appears in the repr."""
 
     id: str
     user_id: str
-    csrf_token: str
+    csrf_token: str = attrs.field(repr=False)
     ip_address: str
     user_agent: str
     created_at: datetime
     is_active: bool = True
-    refresh_jti: str | None = None
+    refresh_jti: str | None = attrs.field(default=None, repr=False)
     revoked_at: datetime | None = None
 
 

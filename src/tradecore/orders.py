@@ -203,6 +203,7 @@ class RejectionCode(enum.StrEnum):
     BROKER_RATE_LIMITED = "broker_rate_limited"
     POSITION_MODE_MISMATCH = "position_mode_mismatch"
     REVERSAL_TIMEOUT = "reversal_timeout"
+    REVERSAL_CLOSE_FAILED = "reversal_close_failed"
     BROKER_UNAVAILABLE = "broker_unavailable"
     ORDER_EXPIRED = "order_expired"
 

@@ -235,7 +235,8 @@ _STATUS: dict[BrokerOrderStatus, OrderStatus] = {
 }
 
 REVERSAL_TIMEOUT_MESSAGE = (
-    "the close of the opposite position did not fill within 5 s; the entry was not placed. "
+    "the close of the opposite position did not fill within "
+    f"{REVERSAL_POLLS * REVERSAL_POLL_INTERVAL_S:g} s; the entry was not placed. "
     "Manual intervention needed: check the position and the close order at the broker"
 )
 
@@ -285,7 +286,7 @@ class _Execution:
         order = await self._place(step)
         if _refused(order):
             self.fire(Trigger.REFUSED)
-            return self._outcome(_STATUS[order.status], order.rejection)
+            return self._outcome(_STATUS[order.status], _close_error(order))
         self.close = order
         if order.status is BrokerOrderStatus.FILLED:
             self.fire(Trigger.CLOSE_FILLED)
@@ -304,7 +305,7 @@ class _Execution:
                 return None
             if polled.status.is_final:
                 self.fire(Trigger.CLOSE_ENDED)
-                return self._outcome(_STATUS[polled.status], polled.rejection)
+                return self._outcome(_STATUS[polled.status], _close_error(polled))
             self.fire(Trigger.STILL_OPEN)
         self.fire(Trigger.TIMED_OUT)
         error = OrderError(RejectionCode.REVERSAL_TIMEOUT, REVERSAL_TIMEOUT_MESSAGE)
@@ -396,3 +397,11 @@ def summary(order: BrokerOrder) -> dict[str, str]:
     if order.average_price is not None:
         result["average_price"] = str(order.average_price)
     return result
+
+
+def _close_error(order: BrokerOrder) -> OrderError:
+    """Why a reversal stopped at its close: the broker's reason, or a code that says so."""
+    return order.rejection or OrderError(
+        RejectionCode.REVERSAL_CLOSE_FAILED,
+        f"The closing order ended {order.status} at the broker; the entry was not placed",
+    )

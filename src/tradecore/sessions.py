@@ -196,7 +196,7 @@ def access_claims(
 def refresh_claims(
     user_id: str, session_id: str, jti: str, now: datetime, ttl: timedelta
 ) -> dict[str, Any]:
-    """The claims of a refresh token; its ``jti`` becomes the session's ``refresh_jti``."""
+    """The claims of a refresh token; the session keeps the SHA-256 digest of its ``jti``."""
     return _claims(TokenType.REFRESH, user_id, session_id, jti, now, ttl)
 
 

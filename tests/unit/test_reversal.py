@@ -330,6 +330,8 @@ async def test_close_cancelled_while_polled_places_no_entry(
     p = plan(D(-2), to_instruction(BUY), D(1))
     outcome = await execute(broker, sleeper, "ord-9", SYMBOL, p)
     assert outcome.status is OrderStatus.CANCELLED
+    assert outcome.error is not None
+    assert outcome.error.code is RejectionCode.REVERSAL_CLOSE_FAILED
     assert [o.client_order_id for o in exchange.orders(ACCOUNT)] == ["ord-9-close"]
     assert sleeper.slept == [REVERSAL_POLL_INTERVAL_S] * 2
     assert not outcome.auto_exit

@@ -296,7 +296,9 @@ class Authenticator:
         if self._limiter is None:
             return None
         limit, window = self._settings.token_grant_attempts, self._settings.token_grant_window_s
-        for key in (f"auth-token:ip:{context.ip_address}", f"auth-token:email:{email}"):
+        # The address goes into a store key as a digest, never in clear.
+        keys = (f"auth-token:ip:{context.ip_address}", f"auth-token:email:{hash_token(email)}")
+        for key in keys:
             decision = await self._limiter.hit(key, limit, window)
             if not decision.allowed:
                 return Rejected(

@@ -21,26 +21,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import attrs
 import cattrs
 
 from tradecore.broker import BrokerOrder, BrokerOrderStatus
-from tradecore.errors import BrokerDisconnected
 from tradecore.orders import OrderError, RejectionCode, Side
 from tradecore.ports.runtime import Clock
 from tradecore_adapters.brokers.book import Account, Holding, PaperOrder, reducible
 from tradecore_adapters.brokers.catalogue import Instrument, PositionMode, default_catalogue
+from tradecore_adapters.brokers.links import Links
 from tradecore_adapters.brokers.script import Fill, Reject, Step
 from tradecore_adapters.brokers.state import ExchangeState, converter
 
 DEFAULT_CASH = Decimal(100000)
-
-
-@attrs.define
-class _Drop:
-    after_calls: int
-    refuse_reconnects: int
-    fired: bool = False
 
 
 class PaperExchange:
@@ -57,8 +49,7 @@ class PaperExchange:
             prices={s: i.reference_price for s, i in self.catalogue.items()},
             default_cash=default_cash,
         )
-        self._connected: set[str] = set()
-        self._drops: dict[str | None, _Drop] = {}
+        self.links = Links()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -149,42 +140,9 @@ class PaperExchange:
         """Drop the connection of ``account_id`` (None: every account) once ``after_calls``
         more calls have gone through. From then on every call raises ``BrokerDisconnected``
         until ``connect`` succeeds; the first ``refuse_reconnects`` connects fail too."""
-        drop = _Drop(after_calls, refuse_reconnects)
-        self._drops[account_id] = drop
-        if after_calls == 0:
-            self._fire(account_id, drop)
+        self.links.disconnect(account_id, after_calls, refuse_reconnects)
 
     # -- the broker side ---------------------------------------------------------------------
-
-    def connect(self, account_id: str) -> None:
-        for key in (account_id, None):
-            drop = self._drops.get(key)
-            if drop is not None and drop.fired:
-                if drop.refuse_reconnects > 0:
-                    drop.refuse_reconnects -= 1
-                    raise BrokerDisconnected("paper broker: reconnect refused")
-                del self._drops[key]
-        self._connected.add(account_id)
-
-    def check_link(self, account_id: str) -> None:
-        """Raise ``BrokerDisconnected`` unless ``account_id`` is connected (one call)."""
-        for key in (account_id, None):
-            drop = self._drops.get(key)
-            if drop is None or drop.fired:
-                continue
-            if drop.after_calls > 0:
-                drop.after_calls -= 1
-            else:
-                self._fire(key, drop)
-        if account_id not in self._connected:
-            raise BrokerDisconnected("paper broker: not connected")
-
-    def _fire(self, account_id: str | None, drop: _Drop) -> None:
-        drop.fired = True
-        if account_id is None:
-            self._connected.clear()
-        else:
-            self._connected.discard(account_id)
 
     def place(
         self,
@@ -331,14 +289,14 @@ class PaperBroker:
         return "paper"
 
     async def connect(self) -> None:
-        self.exchange.connect(self.account_id)
+        self.exchange.links.connect(self.account_id)
 
     async def instruments(self) -> frozenset[str]:
-        self.exchange.check_link(self.account_id)
+        self.exchange.links.check(self.account_id)
         return self.exchange.symbols()
 
     async def positions(self) -> Mapping[str, Decimal]:
-        self.exchange.check_link(self.account_id)
+        self.exchange.links.check(self.account_id)
         return self.exchange.positions(self.account_id)
 
     async def place_order(
@@ -350,7 +308,7 @@ class PaperBroker:
         *,
         reduce_only: bool = False,
     ) -> BrokerOrder:
-        self.exchange.check_link(self.account_id)
+        self.exchange.links.check(self.account_id)
         return self.exchange.place(
             self.account_id,
             client_order_id,
@@ -362,5 +320,5 @@ class PaperBroker:
         )
 
     async def order_status(self, client_order_id: str) -> BrokerOrder | None:
-        self.exchange.check_link(self.account_id)
+        self.exchange.links.check(self.account_id)
         return self.exchange.order_status(self.account_id, client_order_id)
