@@ -1,0 +1,89 @@
+"""The tamper-evident audit chain.
+
+Every audit entry is sealed in order: ``seal = SHA-256(previous seal || canonical entry)``,
+where the canonical entry is a JSON document of every stored field (sorted keys, no
+whitespace, values as text). Changing any field of a sealed entry changes its seal; removing
+or reordering entries breaks the link of the next one. ``first_break`` walks a chain and names
+the first entry that no longer matches.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from tradecore.audit import AuditEntry
+
+GENESIS = "0" * 64
+
+
+def canonical(entry_id: int, entry: AuditEntry) -> bytes:
+    """The bytes an entry's seal covers."""
+    document: dict[str, Any] = {
+        "id": entry_id,
+        "user_id": entry.user_id,
+        "action": entry.action.value,
+        "success": entry.success,
+        "ip_address": entry.context.ip_address,
+        "user_agent": entry.context.user_agent,
+        "request_path": entry.context.request_path,
+        "request_method": entry.context.request_method,
+        "error_message": entry.error_message,
+        "resource_type": entry.resource_type,
+        "resource_id": entry.resource_id,
+        "metadata": entry.metadata,
+        "created_at": entry.created_at.isoformat(),
+    }
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
+    ).encode("ascii")
+
+
+def seal(previous: str, entry_id: int, entry: AuditEntry) -> str:
+    """The seal of ``entry`` following an entry sealed ``previous`` (GENESIS for the first)."""
+    return hashlib.sha256(previous.encode("ascii") + canonical(entry_id, entry)).hexdigest()
+
+
+@attrs.frozen
+class SealedEntry:
+    """An entry as stored with its position in the chain and its seal."""
+
+    id: int
+    entry: AuditEntry
+    previous: str
+    seal: str
+
+
+class BreakKind(enum.StrEnum):
+    ALTERED = "altered"  # the entry's content no longer matches its seal
+    UNLINKED = "unlinked"  # the entry does not follow the one before it: removed or reordered
+
+
+@attrs.frozen
+class ChainBreak:
+    """Where verification failed: the first entry that does not hold."""
+
+    entry_id: int
+    kind: BreakKind
+    detail: str
+
+
+def first_break(entries: Iterable[SealedEntry]) -> ChainBreak | None:
+    """Walk sealed entries in chain order; None when the whole chain holds."""
+    expected_previous = GENESIS
+    for stored in entries:
+        if stored.previous != expected_previous:
+            return ChainBreak(
+                stored.id,
+                BreakKind.UNLINKED,
+                "does not follow the previous entry: an entry before it was removed or moved",
+            )
+        if seal(stored.previous, stored.id, stored.entry) != stored.seal:
+            return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
+        expected_previous = stored.seal
+    return None
