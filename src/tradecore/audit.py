@@ -77,3 +77,12 @@ class StoredAuditEntry:
 
     id: int
     entry: AuditEntry
+
+
+@attrs.frozen
+class AuditSummary:
+    """Counts of a user's entries by action, and the trading accounts they name (metadata
+    ``trading_account_id``), most recently named first."""
+
+    counts: Mapping[AuditAction, int]
+    trading_account_ids: tuple[str, ...]

@@ -2,9 +2,10 @@
 
 Every audit entry is sealed in order: ``seal = SHA-256(previous seal || canonical entry)``,
 where the canonical entry is a JSON document of every stored field (sorted keys, no
-whitespace, values as text). Changing any field of a sealed entry changes its seal; removing
-or reordering entries breaks the link of the next one. ``first_break`` walks a chain and names
-the first entry that no longer matches.
+whitespace, time in UTC, values JSON cannot hold as text, exactly as the stores keep them).
+Changing any field of a sealed entry changes its seal; removing or reordering entries breaks
+the link of the next one. ``first_break`` walks a chain and names the first entry that no
+longer matches.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import enum
 import hashlib
 import json
 from collections.abc import Iterable
+from datetime import UTC
 from typing import Any
 
 import attrs
@@ -22,10 +24,17 @@ from tradecore.audit import AuditEntry
 GENESIS = "0" * 64
 
 
-def canonical(entry_id: int, entry: AuditEntry) -> bytes:
-    """The bytes an entry's seal covers."""
+def normalized(entry: AuditEntry) -> AuditEntry:
+    """The entry as a store keeps it: metadata through JSON (values JSON cannot hold become
+    text), the time in UTC. Stores seal and return this form, so seals verify on read-back."""
+    metadata = json.loads(json.dumps(dict(entry.metadata), default=str))
+    return attrs.evolve(entry, metadata=metadata, created_at=entry.created_at.astimezone(UTC))
+
+
+def canonical(entry: AuditEntry) -> bytes:
+    """The bytes an entry's seal covers. The entry's position is covered by the link to the
+    previous seal, so the store's id is not part of it."""
     document: dict[str, Any] = {
-        "id": entry_id,
         "user_id": entry.user_id,
         "action": entry.action.value,
         "success": entry.success,
@@ -37,16 +46,16 @@ def canonical(entry_id: int, entry: AuditEntry) -> bytes:
         "resource_type": entry.resource_type,
         "resource_id": entry.resource_id,
         "metadata": entry.metadata,
-        "created_at": entry.created_at.isoformat(),
+        "created_at": entry.created_at.astimezone(UTC).isoformat(),
     }
     return json.dumps(
         document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
     ).encode("ascii")
 
 
-def seal(previous: str, entry_id: int, entry: AuditEntry) -> str:
+def seal(previous: str, entry: AuditEntry) -> str:
     """The seal of ``entry`` following an entry sealed ``previous`` (GENESIS for the first)."""
-    return hashlib.sha256(previous.encode("ascii") + canonical(entry_id, entry)).hexdigest()
+    return hashlib.sha256(previous.encode("ascii") + canonical(entry)).hexdigest()
 
 
 @attrs.frozen
@@ -83,7 +92,7 @@ def first_break(entries: Iterable[SealedEntry]) -> ChainBreak | None:
                 BreakKind.UNLINKED,
                 "does not follow the previous entry: an entry before it was removed or moved",
             )
-        if seal(stored.previous, stored.id, stored.entry) != stored.seal:
+        if seal(stored.previous, stored.entry) != stored.seal:
             return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
         expected_previous = stored.seal
     return None

@@ -29,7 +29,7 @@ def entry(n: int, action: AuditAction = AuditAction.WEBHOOK_ORDER) -> AuditEntry
 def chain(entries: list[AuditEntry]) -> list[SealedEntry]:
     sealed, previous = [], GENESIS
     for i, e in enumerate(entries, 1):
-        current = seal(previous, i, e)
+        current = seal(previous, e)
         sealed.append(SealedEntry(i, e, previous, current))
         previous = current
     return sealed

@@ -11,7 +11,8 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from tradecore.accounts import TradingAccount
-from tradecore.audit import AuditAction, AuditEntry, StoredAuditEntry
+from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
+from tradecore.audit_chain import SealedEntry
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
 
@@ -139,7 +140,19 @@ class OrderHistory(Protocol):
 @runtime_checkable
 class AuditLog(Protocol):
     async def append(self, entry: AuditEntry) -> int:
-        """Store the entry durably; its id (strictly increasing)."""
+        """Store the entry durably and seal it onto the chain (``tradecore.audit_chain``):
+        its previous seal is the seal of the entry appended just before it, across every
+        process. Returns its id; ids increase in chain order."""
+        ...
+
+    async def chain(self, *, after_id: int = 0, limit: int = 1000) -> list[SealedEntry]:
+        """Sealed entries with an id above ``after_id``, oldest first, as stored."""
+        ...
+
+    async def summary(
+        self, user_id: str, *, actions: Collection[AuditAction], since: datetime | None
+    ) -> AuditSummary:
+        """Counts by action and the accounts named, over the user's matching entries."""
         ...
 
     async def list_for_user(

@@ -6,6 +6,7 @@ process. Semantics (uniqueness, compare-and-set, ordering) match the Postgres ad
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 import attrs
 
 from tradecore.accounts import TradingAccount
-from tradecore.audit import AuditAction, AuditEntry, StoredAuditEntry
+from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
+from tradecore.audit_chain import GENESIS, SealedEntry, normalized, seal
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
@@ -222,11 +224,36 @@ class MemoryOrderHistory:
 class MemoryAuditLog:
     def __init__(self) -> None:
         self._entries: list[StoredAuditEntry] = []
+        self._sealed: list[SealedEntry] = []
 
     async def append(self, entry: AuditEntry) -> int:
-        stored = StoredAuditEntry(id=len(self._entries) + 1, entry=entry)
+        stored = StoredAuditEntry(id=len(self._entries) + 1, entry=normalized(entry))
+        previous = self._sealed[-1].seal if self._sealed else GENESIS
         self._entries.append(stored)
+        self._sealed.append(
+            SealedEntry(stored.id, stored.entry, previous, seal(previous, stored.entry))
+        )
         return stored.id
+
+    async def chain(self, *, after_id: int = 0, limit: int = 1000) -> list[SealedEntry]:
+        return [s for s in self._sealed if s.id > after_id][:limit]
+
+    async def summary(
+        self, user_id: str, *, actions: Collection[AuditAction], since: datetime | None
+    ) -> AuditSummary:
+        counts: Counter[AuditAction] = Counter()
+        accounts: dict[str, None] = {}
+        for stored in reversed(self._entries):
+            entry = stored.entry
+            if entry.user_id != user_id or entry.action not in actions:
+                continue
+            if since is not None and entry.created_at < since:
+                continue
+            counts[entry.action] += 1
+            account_id = entry.metadata.get("trading_account_id")
+            if isinstance(account_id, str):
+                accounts.setdefault(account_id)
+        return AuditSummary(dict(counts), tuple(accounts))
 
     async def list_for_user(
         self,

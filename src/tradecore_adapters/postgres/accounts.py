@@ -1,0 +1,104 @@
+"""Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tradecore.accounts import TradingAccount
+from tradecore.identity import User
+from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
+from tradecore_adapters.postgres.pool import Pool
+from tradecore_adapters.postgres.rows import Row, execute, fetch_all, fetch_one, utc
+
+_OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
+_BY_TOKEN = (
+    f"SELECT a.*, {_OWNER} FROM trading_accounts a JOIN users u ON u.id = a.user_id"  # noqa: S608 - constant column names
+    " WHERE a.webhook_token_hash = %s AND NOT a.deleted"
+)
+
+
+def account_from_row(row: Row) -> TradingAccount:
+    return TradingAccount(
+        id=row["id"],
+        user_id=row["user_id"],
+        name=row["name"],
+        broker_name=row["broker_name"],
+        webhook_token_hash=row["webhook_token_hash"],
+        webhook_secret_hash=row["webhook_secret_hash"],
+        created_at=utc(row["created_at"]),
+        max_request_age=row["max_request_age"],
+        allowed_symbols=frozenset(row["allowed_symbols"]),
+        max_quantity=row["max_quantity"],
+        credentials_verified=row["credentials_verified"],
+        deleted=row["deleted"],
+    )
+
+
+def _params(account: TradingAccount) -> dict[str, Any]:
+    return {
+        "id": account.id,
+        "user_id": account.user_id,
+        "name": account.name,
+        "broker_name": account.broker_name,
+        "webhook_token_hash": account.webhook_token_hash,
+        "webhook_secret_hash": account.webhook_secret_hash,
+        "created_at": account.created_at,
+        "max_request_age": account.max_request_age,
+        "allowed_symbols": sorted(account.allowed_symbols),
+        "max_quantity": account.max_quantity,
+        "credentials_verified": account.credentials_verified,
+        "deleted": account.deleted,
+    }
+
+
+class PostgresTradingAccountRepository:
+    """TradingAccountRepository on table ``trading_accounts``; deleted accounts stay as rows
+    (``deleted`` true) and are invisible to every lookup."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    async def add(self, account: TradingAccount) -> None:
+        await execute(
+            self._pool,
+            "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
+            " webhook_secret_hash, created_at, max_request_age, allowed_symbols, max_quantity,"
+            " credentials_verified, deleted) VALUES (%(id)s, %(user_id)s, %(name)s,"
+            " %(broker_name)s, %(webhook_token_hash)s, %(webhook_secret_hash)s, %(created_at)s,"
+            " %(max_request_age)s, %(allowed_symbols)s, %(max_quantity)s,"
+            " %(credentials_verified)s, %(deleted)s)",
+            _params(account),
+        )
+
+    async def get(self, account_id: str) -> TradingAccount | None:
+        row = await fetch_one(
+            self._pool,
+            "SELECT * FROM trading_accounts WHERE id = %s AND NOT deleted",
+            (account_id,),
+        )
+        return None if row is None else account_from_row(row)
+
+    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
+        row = await fetch_one(self._pool, _BY_TOKEN, (token_hash,))
+        return None if row is None else (account_from_row(row), user_from_row(row, "owner_"))
+
+    async def list_for_user(self, user_id: str) -> list[TradingAccount]:
+        rows = await fetch_all(
+            self._pool,
+            "SELECT * FROM trading_accounts WHERE user_id = %s AND NOT deleted"
+            " ORDER BY created_at, seq",
+            (user_id,),
+        )
+        return [account_from_row(r) for r in rows]
+
+    async def save(self, account: TradingAccount) -> None:
+        await execute(
+            self._pool,
+            "UPDATE trading_accounts SET user_id = %(user_id)s, name = %(name)s,"
+            " broker_name = %(broker_name)s, webhook_token_hash = %(webhook_token_hash)s,"
+            " webhook_secret_hash = %(webhook_secret_hash)s, created_at = %(created_at)s,"
+            " max_request_age = %(max_request_age)s, allowed_symbols = %(allowed_symbols)s,"
+            " max_quantity = %(max_quantity)s, credentials_verified = %(credentials_verified)s,"
+            " deleted = %(deleted)s WHERE id = %(id)s",
+            _params(account),
+        )

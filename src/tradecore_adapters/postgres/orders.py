@@ -1,0 +1,199 @@
+"""Order history in Postgres: durable intents, compare-and-set transitions, the replay backstop.
+
+The partial unique index ``order_history_fingerprint`` on (user_id, fingerprint) keeps a replayed
+webhook from becoming a second order even when the replay store lost its key; ``add`` turns a
+conflict there into ``DuplicateOrder``. A transition is one ``UPDATE ... WHERE status = ANY``:
+of concurrent transitions from the same status, exactly one applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from tradecore.errors import DuplicateOrder
+from tradecore.orders import (
+    AlertAction,
+    OrderError,
+    OrderHistoryRecord,
+    OrderStatus,
+    OrderType,
+    RejectionCode,
+    Source,
+)
+from tradecore_adapters.postgres.errors import database_errors
+from tradecore_adapters.postgres.pool import Pool
+from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc, utc_or_none
+
+_FINGERPRINT_INDEX = "order_history_fingerprint"
+_FIELDS = tuple(f.name for f in attrs.fields(OrderHistoryRecord))
+
+
+def error_to_json(error: OrderError) -> dict[str, Any]:
+    return {"code": error.code.value, "message": error.message, "retry_after": error.retry_after}
+
+
+def error_from_json(data: Mapping[str, Any]) -> OrderError:
+    return OrderError(
+        code=RejectionCode(data["code"]),
+        message=data["message"],
+        retry_after=data.get("retry_after"),
+    )
+
+
+def _text(value: Any) -> Any:
+    return str(value)
+
+
+_ENCODERS: dict[str, Callable[[Any], Any]] = {
+    "action": _text,
+    "order_type": _text,
+    "source": _text,
+    "status": _text,
+    "broker_refs": list,
+    "error": lambda e: Jsonb(error_to_json(e)),
+    "exit_order_result": lambda d: Jsonb(dict(d)),
+}
+
+
+def _encode(field: str, value: Any) -> Any:
+    """The parameter for column ``field`` (None stays NULL)."""
+    if value is None:
+        return None
+    encoder = _ENCODERS.get(field)
+    return value if encoder is None else encoder(value)
+
+
+def order_from_row(row: Row) -> OrderHistoryRecord:
+    error = row["error"]
+    return OrderHistoryRecord(
+        id=row["id"],
+        user_id=row["user_id"],
+        trading_account_id=row["trading_account_id"],
+        broker_name=row["broker_name"],
+        symbol=row["symbol"],
+        action=AlertAction(row["action"]),
+        quantity=row["quantity"],
+        order_type=OrderType(row["order_type"]),
+        source=Source(row["source"]),
+        simulation=row["simulation"],
+        status=OrderStatus(row["status"]),
+        created_at=utc(row["created_at"]),
+        request_id=row["request_id"],
+        fingerprint=row["fingerprint"],
+        order_id=row["order_id"],
+        client_order_id=row["client_order_id"],
+        broker_refs=tuple(row["broker_refs"]),
+        submitted_at=utc_or_none(row["submitted_at"]),
+        fill_price=row["fill_price"],
+        fill_quantity=row["fill_quantity"],
+        filled_at=utc_or_none(row["filled_at"]),
+        auto_exit=row["auto_exit"],
+        exit_quantity=row["exit_quantity"],
+        position_before=row["position_before"],
+        exit_order_result=row["exit_order_result"],
+        error=None if error is None else error_from_json(error),
+    )
+
+
+_INSERT = sql.SQL(
+    "INSERT INTO order_history ({columns}) VALUES ({values})"
+    " ON CONFLICT (user_id, fingerprint) WHERE fingerprint IS NOT NULL DO NOTHING RETURNING id"
+).format(
+    columns=sql.SQL(", ").join(sql.Identifier(f) for f in _FIELDS),
+    values=sql.SQL(", ").join(sql.Placeholder(f) for f in _FIELDS),
+)
+
+
+def _is_fingerprint_conflict(error: psycopg.errors.UniqueViolation) -> bool:
+    return error.diag.constraint_name == _FINGERPRINT_INDEX
+
+
+class PostgresOrderHistory:
+    """OrderHistory on table ``order_history``."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    async def add(self, record: OrderHistoryRecord) -> None:
+        params = {f: _encode(f, getattr(record, f)) for f in _FIELDS}
+        if await fetch_one(self._pool, _INSERT, params) is None:
+            raise DuplicateOrder(record.fingerprint)
+
+    async def get(self, order_id: str) -> OrderHistoryRecord | None:
+        row = await fetch_one(self._pool, "SELECT * FROM order_history WHERE id = %s", (order_id,))
+        return None if row is None else order_from_row(row)
+
+    async def transition(
+        self,
+        order_id: str,
+        expected: Collection[OrderStatus],
+        changes: Mapping[str, Any],
+    ) -> OrderHistoryRecord | None:
+        unknown = sorted(set(changes) - set(_FIELDS))
+        if unknown:
+            raise TypeError(f"OrderHistoryRecord has no field {', '.join(unknown)}")
+        if not expected:
+            return None
+        assignments: list[sql.Composable] = [
+            sql.SQL("{} = {}").format(sql.Identifier(f), sql.Placeholder(f"set_{f}"))
+            for f in changes
+        ] or [sql.SQL("status = status")]
+        query = sql.SQL(
+            "UPDATE order_history SET {assignments}"
+            " WHERE id = %(order_id)s AND status = ANY(%(expected)s::text[]) RETURNING *"
+        ).format(assignments=sql.SQL(", ").join(assignments))
+        params: dict[str, Any] = {f"set_{f}": _encode(f, v) for f, v in changes.items()}
+        params["order_id"] = order_id
+        params["expected"] = [str(s) for s in expected]
+        try:
+            with database_errors():
+                async with self._pool.connection() as conn:
+                    cursor = conn.cursor(row_factory=dict_row)
+                    await cursor.execute(query, params)
+                    row = await cursor.fetchone()
+        except psycopg.errors.UniqueViolation as e:
+            if _is_fingerprint_conflict(e):
+                raise DuplicateOrder(changes.get("fingerprint")) from e
+            raise
+        return None if row is None else order_from_row(row)
+
+    async def list_for_user(
+        self,
+        user_id: str,
+        *,
+        trading_account_id: str | None = None,
+        before: datetime | None = None,
+        limit: int = 50,
+    ) -> Sequence[OrderHistoryRecord]:
+        conditions = [sql.SQL("user_id = %(user_id)s")]
+        if trading_account_id is not None:
+            conditions.append(sql.SQL("trading_account_id = %(account_id)s"))
+        if before is not None:
+            conditions.append(sql.SQL("created_at < %(before)s"))
+        query = sql.SQL(
+            "SELECT * FROM order_history WHERE {conditions}"
+            " ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
+        ).format(conditions=sql.SQL(" AND ").join(conditions))
+        params = {
+            "user_id": user_id,
+            "account_id": trading_account_id,
+            "before": before,
+            "limit": max(limit, 0),
+        }
+        return [order_from_row(r) for r in await fetch_all(self._pool, query, params)]
+
+    async def count_since(self, user_id: str, since: datetime) -> int:
+        row = await fetch_one(
+            self._pool,
+            "SELECT count(*) AS n FROM order_history WHERE user_id = %s AND created_at >= %s",
+            (user_id, since),
+        )
+        return 0 if row is None else int(row["n"])

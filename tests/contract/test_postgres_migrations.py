@@ -1,0 +1,148 @@
+"""Schema migrations and error translation of the Postgres adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from tradecore.accounts import TradingAccount
+from tradecore.errors import DatabaseUnavailable
+from tradecore.identity import Plan, User
+from tradecore.orders import (
+    AlertAction,
+    OrderHistoryRecord,
+    OrderStatus,
+    OrderType,
+    Source,
+)
+from tradecore_adapters.postgres import (
+    Pool,
+    PostgresOrderHistory,
+    PostgresTradingAccountRepository,
+    PostgresUserRepository,
+    migrate,
+    open_pool,
+)
+from tradecore_adapters.postgres.migrate import migration_files
+
+pytestmark = pytest.mark.postgres
+
+CLOSED = "postgresql://postgres@127.0.0.1:1/postgres"
+TABLES = {
+    "users",
+    "user_sessions",
+    "api_keys",
+    "user_allowed_ips",
+    "trading_accounts",
+    "order_history",
+    "audit_logs",
+    "password_reset_tokens",
+    "documents",
+    "schema_migrations",
+}
+
+
+def test_migration_files_are_numbered_and_ordered() -> None:
+    names = [name for name, _ in migration_files()]
+    assert names, "no migration shipped"
+    assert names == sorted(names)
+    assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", n) for n in names)
+
+
+async def ledger(conninfo: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cursor = await conn.execute("SELECT name FROM schema_migrations ORDER BY name")
+        return [name for (name,) in await cursor.fetchall()]
+
+
+async def tables(conninfo: str) -> set[str]:
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cursor = await conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {name for (name,) in await cursor.fetchall()}
+
+
+async def test_migrate_applies_everything_once(fresh_pg_database: str) -> None:
+    everything = [name for name, _ in migration_files()]
+    assert await migrate(fresh_pg_database) == everything
+    assert await migrate(fresh_pg_database) == []
+    assert await ledger(fresh_pg_database) == everything
+    assert await tables(fresh_pg_database) >= TABLES
+
+
+async def test_concurrent_migrations_apply_once(fresh_pg_database: str) -> None:
+    everything = [name for name, _ in migration_files()]
+    runs = await asyncio.gather(*(migrate(fresh_pg_database) for _ in range(3)))
+    assert sorted(runs, key=len) == [[], [], everything]
+    assert await ledger(fresh_pg_database) == everything
+
+
+async def test_hot_queries_have_their_indexes(pg_pool: Pool) -> None:
+    async with pg_pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+        )
+        indexes: dict[str, str] = dict(await cursor.fetchall())
+    assert "UNIQUE" in indexes["trading_accounts_webhook_token"]
+    fingerprint = indexes["order_history_fingerprint"]
+    assert "UNIQUE" in fingerprint and "(user_id, fingerprint)" in fingerprint
+    assert "WHERE (fingerprint IS NOT NULL)" in fingerprint
+    assert "(user_id, created_at DESC" in indexes["order_history_by_user"]
+    assert "(trading_account_id, created_at DESC" in indexes["order_history_by_account"]
+    assert "(user_id, created_at DESC)" in indexes["audit_logs_user_time"]
+
+
+async def test_unreachable_server_is_database_unavailable() -> None:
+    with pytest.raises(DatabaseUnavailable) as migrating:
+        await migrate(CLOSED, timeout_s=2)
+    assert isinstance(migrating.value.__cause__, psycopg.OperationalError)
+    with pytest.raises(DatabaseUnavailable) as opening:
+        await open_pool(CLOSED, timeout_s=0.5)
+    assert isinstance(opening.value.__cause__, psycopg.OperationalError)
+
+
+async def test_closed_pool_is_database_unavailable(pg_conninfo: str) -> None:
+    pool = await open_pool(pg_conninfo, min_size=1, max_size=1, timeout_s=2)
+    await pool.close()
+    with pytest.raises(DatabaseUnavailable):
+        await PostgresUserRepository(pool).get("user-1")
+
+
+async def test_statement_timeout_is_database_unavailable(pg_conninfo: str, pg_pool: Pool) -> None:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    await PostgresUserRepository(pg_pool).add(User("u-1", "a@example.com", "h", Plan.PRO, now))
+    await PostgresTradingAccountRepository(pg_pool).add(
+        TradingAccount("a-1", "u-1", "main", "paper", "token", "secret", now)
+    )
+    record = OrderHistoryRecord(
+        id="o-1",
+        user_id="u-1",
+        trading_account_id="a-1",
+        broker_name="paper",
+        symbol="BTCUSDT",
+        action=AlertAction.BUY,
+        quantity=Decimal(1),
+        order_type=OrderType.ENTRY,
+        source=Source.WEBHOOK,
+        simulation=False,
+        status=OrderStatus.QUEUED,
+        created_at=now,
+        request_id="r-1",
+    )
+    short = await open_pool(pg_conninfo, max_size=1, timeout_s=2, statement_timeout_s=0.2)
+    try:
+        history = PostgresOrderHistory(short)
+        await history.add(record)
+        # Another transaction holds the row: the transition waits past its statement timeout.
+        async with pg_pool.connection() as holder, holder.transaction():
+            await holder.execute("SELECT 1 FROM order_history WHERE id = 'o-1' FOR UPDATE")
+            with pytest.raises(DatabaseUnavailable) as waited:
+                await history.transition("o-1", {OrderStatus.QUEUED}, {"symbol": "ETHUSDT"})
+        assert isinstance(waited.value.__cause__, psycopg.errors.QueryCanceled)
+        assert await history.get("o-1") == record
+    finally:
+        await short.close()
