@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test lint typecheck imports unit clean
 
 run: $(STAMP)
-	$(BIN)/tradecore demo
+	$(BIN)/tradecore serve --demo
 
 test: $(STAMP) lint typecheck imports unit
 

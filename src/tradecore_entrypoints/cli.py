@@ -1,11 +1,52 @@
-"""The ``tradecore`` command line (contract.md lists the commands)."""
+"""The ``tradecore`` command line (contract.md lists the commands).
+
+Every command that reads configuration exits with status 2 and a one-line reason on stderr
+when it is bad (``tradecore: JWT_SECRET must be at least 32 bytes``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
+from aiohttp import web
+
+from tradecore.audit import RequestContext
+from tradecore.identity import Plan, User
+from tradecore.sessions import normalize_email
+from tradecore_adapters.http import runner_options
+from tradecore_entrypoints.container import (
+    Application,
+    ConfigError,
+    Settings,
+    build_container,
+    embedded_system,
+    make_app,
+)
+
+log = logging.getLogger("tradecore.serve")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEMO_EMAIL = "demo@example.com"
+EMBEDDED_ADMIN = (
+    "admin commands need DATABASE_URL: the embedded runtime keeps its data inside the serving "
+    "process (use `tradecore serve --demo` for a ready user and account)"
+)
+
+
+def _fail(reason: str) -> NoReturn:
+    click.echo(f"tradecore: {reason}", err=True)
+    sys.exit(2)
 
 
 @click.group()
@@ -21,3 +62,201 @@ def demo() -> None:
     from tradecore_entrypoints.demo import run_demo
 
     asyncio.run(run_demo(click.echo))
+
+
+@main.command()
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--demo",
+    "seed_demo",
+    is_flag=True,
+    help="Seed a demo user and paper account and print them as one JSON line.",
+)
+def serve(host: str, port: int, seed_demo: bool) -> None:
+    """Serve the HTTP API (the embedded runtime without DATABASE_URL and REDIS_URL)."""
+    try:
+        settings = Settings.from_env()
+        if seed_demo and settings.production:
+            raise ConfigError("--demo is refused with TRADECORE_ENV=production")
+        asyncio.run(serve_forever(settings, host, port, demo=seed_demo, echo=click.echo))
+    except ConfigError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port} ({e.strerror or e})")
+    except KeyboardInterrupt:
+        pass
+
+
+@main.group()
+def admin() -> None:
+    """Administrative commands (need DATABASE_URL)."""
+
+
+def _admin_container() -> Application:
+    try:
+        settings = Settings.from_env()
+        if settings.runtime == "embedded":
+            raise ConfigError(EMBEDDED_ADMIN)
+        return build_container(settings)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+@admin.command("create-user")
+@click.option("--email", required=True)
+@click.option("--password-stdin", is_flag=True, required=True, help="Read the password from stdin.")
+@click.option("--plan", type=click.Choice(["free", "pro"]), default="free", show_default=True)
+@click.option("--accept-terms", is_flag=True, help="Record the current terms as accepted.")
+def create_user(email: str, password_stdin: bool, plan: str, accept_terms: bool) -> None:
+    """Create a user; prints {"user_id": ...}."""
+    container = _admin_container()
+    password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        result = asyncio.run(admin_create_user(container, email, password, plan, accept_terms))
+    except ValueError as e:
+        _fail(str(e))
+    click.echo(json.dumps(result))
+
+
+@admin.command("create-account")
+@click.option("--email", required=True)
+@click.option("--name", required=True)
+@click.option("--broker", default="paper", show_default=True)
+@click.option("--verified", is_flag=True, help="Mark the broker credentials as verified.")
+def create_account(email: str, name: str, broker: str, verified: bool) -> None:
+    """Create a trading account; prints its id, webhook URL, token and secret."""
+    container = _admin_container()
+    try:
+        result = asyncio.run(admin_create_account(container, email, name, broker, verified))
+    except ValueError as e:
+        _fail(str(e))
+    click.echo(json.dumps(result))
+
+
+@admin.command("revoke-sessions")
+@click.option("--email", required=True)
+def revoke_sessions(email: str) -> None:
+    """Revoke every session of a user."""
+    container = _admin_container()
+    try:
+        result = asyncio.run(admin_revoke_sessions(container, email))
+    except ValueError as e:
+        _fail(str(e))
+    click.echo(json.dumps(result))
+
+
+# --- what the commands do (async, over a container, so tests drive them directly) ------------
+
+ADMIN_CONTEXT = RequestContext(
+    ip_address="127.0.0.1", user_agent="tradecore-cli", request_path="cli", request_method="CLI"
+)
+
+
+async def _user_by_email(container: Application, email: str) -> User:
+    normalized = normalize_email(email)
+    system = embedded_system(container)
+    user = None if normalized is None else await system.users.by_email(normalized)
+    if user is None:
+        raise ValueError(f"no user with e-mail {email!r}")
+    return user
+
+
+async def admin_create_user(
+    container: Application, email: str, password: str, plan: str, accept_terms: bool
+) -> dict[str, Any]:
+    """``admin create-user``: ``{"user_id"}``; ValueError (one line) on bad input."""
+    settings: Settings = container.core.settings()
+    user = await embedded_system(container).provisioning.create_user(
+        email,
+        password,
+        plan=Plan(plan),
+        terms_version=settings.terms_version if accept_terms else None,
+    )
+    return {"user_id": user.id}
+
+
+async def admin_create_account(
+    container: Application, email: str, name: str, broker: str, verified: bool
+) -> dict[str, Any]:
+    """``admin create-account``: id, webhook URL, token and secret (shown this once)."""
+    user = await _user_by_email(container, email)
+    new = await embedded_system(container).provisioning.create_account(
+        user, name, broker_name=broker, credentials_verified=verified
+    )
+    return {
+        "trading_account_id": new.account.id,
+        "webhook_url": new.webhook_url(container.core.base_url()),
+        "webhook_token": new.webhook_token,
+        "webhook_secret": new.webhook_secret,
+    }
+
+
+async def admin_revoke_sessions(container: Application, email: str) -> dict[str, Any]:
+    """``admin revoke-sessions``: the administrative revocation; ``{"sessions_revoked"}``."""
+    user = await _user_by_email(container, email)
+    revoked = await container.services.auth().revoke_all_sessions(user.id, ADMIN_CONTEXT)
+    return {"user_id": user.id, "sessions_revoked": revoked}
+
+
+async def seed_demo(container: Application) -> dict[str, str]:
+    """The ``--demo`` user (plan pro, terms accepted) and its verified paper account, as the
+    JSON line ``serve --demo`` prints."""
+    settings: Settings = container.core.settings()
+    system = embedded_system(container)
+    password = secrets.token_urlsafe(18)
+    user = await system.provisioning.create_user(
+        DEMO_EMAIL, password, plan=Plan.PRO, terms_version=settings.terms_version
+    )
+    new = await system.provisioning.create_account(
+        user, "Demo paper account", credentials_verified=True
+    )
+    return {
+        "email": user.email,
+        "password": password,
+        "webhook_url": new.webhook_url(container.core.base_url()),
+        "webhook_secret": new.webhook_secret,
+        "trading_account_id": new.account.id,
+    }
+
+
+async def serve_forever(
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    demo: bool,
+    echo: Callable[[str], Any],
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Bind, print the demo line (with ``demo``), serve until ``stop`` is set or SIGINT or
+    SIGTERM arrives, then shut down cleanly."""
+    sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
+    bound_port = sock.getsockname()[1]
+    container = build_container(settings, base_url=settings.base_url(host, bound_port))
+    app = make_app(container)
+    line = await seed_demo(container) if demo else None
+    runner = web.AppRunner(app, handle_signals=False, **runner_options())
+    await runner.setup()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        await web.SockSite(runner, sock).start()
+        if line is not None:
+            echo(json.dumps(line))
+        log.warning(
+            "tradecore serving on %s (%s runtime)",
+            settings.base_url(host, bound_port),
+            settings.runtime,
+        )
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        sock.close()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

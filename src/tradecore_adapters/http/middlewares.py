@@ -1,0 +1,189 @@
+"""The middleware chain, outermost first, and the response hook that adds security headers.
+
+1. ``guard``: the client IP through the trusted proxies, and the last-resort catch that turns
+   any exception into a problem 500 without details (logged with the redacted path).
+2. ``cors``: preflights and the CORS headers for ``ALLOWED_ORIGINS``, with credentials and a
+   limited set of exposed headers.
+3. ``browser_only`` (production only): requests need ``Origin`` or ``Referer``, and unsafe
+   methods need one of ``ALLOWED_ORIGINS`` (security.md), except on the specification's exempt
+   paths and for bearer-only requests, which carry no ambient credential.
+4. ``csrf``: keeps the ``X-CSRF-Token`` header of unsafe methods for the comparison with the
+   session's token, which runs when the request is authenticated by its cookie
+   (``tradecore_adapters.http.principal``).
+5. ``errors``: handler exceptions (``Problem``, aiohttp's HTTP errors, anything else) become
+   ``application/problem+json`` responses.
+
+Security headers are set in ``on_response_prepare``, so every response carries them: errors,
+404s, preflights and aiohttp's own answers included.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from tradecore.errors import StoreUnavailable
+from tradecore.netaddr import client_ip
+from tradecore.sessions import CSRF_HEADER, CSRF_PROTECTED_METHODS
+from tradecore_adapters.http.config import (
+    CORS_ALLOWED_HEADERS,
+    CORS_ALLOWED_METHODS,
+    CORS_EXPOSED_HEADERS,
+    CORS_MAX_AGE_S,
+    SECURITY_HEADERS,
+    SERVER_HEADER,
+)
+from tradecore_adapters.http.problems import Problem, problem_response, rejected_response
+from tradecore_adapters.http.state import CLIENT_IP, CONFIG, CSRF_PRESENTED, redact_path
+
+log = logging.getLogger("tradecore.http")
+
+ACCESS_COOKIE = "access_token"
+REFRESH_COOKIE = "refresh_token"
+
+_BROWSER_ONLY_EXEMPT_PREFIXES = ("/webhook/", "/public/", "/setup/", "/static/")
+_BROWSER_ONLY_EXEMPT_PATHS = frozenset(
+    {
+        "/",
+        "/health",
+        "/health/ready",
+        "/docs",
+        "/auth/token",  # the OAuth2 endpoint serves API clients, never sets cookies
+        "/robots.txt",
+        "/sitemap.xml",
+        "/favicon.ico",
+    }
+)
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    request[CLIENT_IP] = client_ip(
+        request.remote, request.headers.getall("X-Forwarded-For", []), config.trusted_proxies
+    )
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return problem_response(e.status, e.reason)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
+        return problem_response(500, "An unexpected error occurred")
+
+
+def _allowed_origin(request: web.Request, origin: str | None) -> bool:
+    return origin is not None and origin in request.app[CONFIG].allowed_origins
+
+
+@web.middleware
+async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    origin = request.headers.get("Origin")
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        if not _allowed_origin(request, origin):
+            return problem_response(403, "Origin not allowed", code="origin_not_allowed")
+        assert origin is not None
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Origin": origin,
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Allow-Methods": ", ".join(CORS_ALLOWED_METHODS),
+                "Access-Control-Allow-Headers": ", ".join(CORS_ALLOWED_HEADERS),
+                "Access-Control-Max-Age": str(CORS_MAX_AGE_S),
+                "Vary": "Origin",
+            },
+        )
+    response = await handler(request)
+    if _allowed_origin(request, origin) and not response.prepared:
+        assert origin is not None
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+        response.headers["Access-Control-Expose-Headers"] = ", ".join(CORS_EXPOSED_HEADERS)
+    if not response.prepared:
+        response.headers.add("Vary", "Origin")
+    return response
+
+
+def browser_only_exempt(path: str) -> bool:
+    """The specification's BrowserOnly exemptions (plus ``/auth/token``)."""
+    return path in _BROWSER_ONLY_EXEMPT_PATHS or path.startswith(_BROWSER_ONLY_EXEMPT_PREFIXES)
+
+
+def _bearer_only(request: web.Request) -> bool:
+    has_cookie = ACCESS_COOKIE in request.cookies or REFRESH_COOKIE in request.cookies
+    return "Authorization" in request.headers and not has_cookie
+
+
+def _origin_of(request: web.Request) -> str | None:
+    origin = request.headers.get("Origin")
+    if origin:
+        return origin
+    referer = request.headers.get("Referer")
+    if not referer:
+        return None
+    parts = urlsplit(referer)
+    if not parts.scheme or not parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+@web.middleware
+async def browser_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    if not config.production or browser_only_exempt(request.path) or _bearer_only(request):
+        return await handler(request)
+    if "Origin" not in request.headers and "Referer" not in request.headers:
+        return problem_response(403, "Browser request required", code="browser_only")
+    if request.method in CSRF_PROTECTED_METHODS and _origin_of(request) not in (
+        config.allowed_origins
+    ):
+        return problem_response(403, "Origin not allowed", code="origin_not_allowed")
+    return await handler(request)
+
+
+@web.middleware
+async def csrf(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method in CSRF_PROTECTED_METHODS:
+        presented = request.headers.get(CSRF_HEADER)
+        if presented is not None:
+            request[CSRF_PRESENTED] = presented
+    return await handler(request)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Problem as e:
+        return rejected_response(e.rejected)
+    except StoreUnavailable:
+        log.warning(
+            "503 on %s %s: a store is unavailable", request.method, redact_path(request.path)
+        )
+        return problem_response(503, "Service temporarily unavailable", code="unavailable")
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        response = problem_response(e.status, e.reason)
+        if "Allow" in e.headers:
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
+        return problem_response(500, "An unexpected error occurred")
+
+
+MIDDLEWARES = (guard, cors, browser_only, csrf, errors)
+
+
+async def security_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the specification's headers on every response, the Server
+    header without a version, and ``no-store`` unless the handler chose a cache policy."""
+    response.headers.update(SECURITY_HEADERS)
+    response.headers["Server"] = SERVER_HEADER
+    response.headers.setdefault("Cache-Control", "no-store")

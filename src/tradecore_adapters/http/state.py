@@ -1,0 +1,97 @@
+"""Typed application and request state: what the handlers reach, and under which keys.
+
+``Services`` is everything the composition root hands to ``create_app``: the core's use cases,
+the repositories the read endpoints page through, and two small ports of this adapter
+(``AccountBroker`` and ``Readiness``) that the root implements for its adapter set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+from aiohttp import web
+
+from tradecore.accounts import TradingAccount
+from tradecore.audit import RequestContext
+from tradecore.broker import InstrumentDirectory
+from tradecore.ports.repositories import AuditLog, OrderHistory, TradingAccountRepository
+from tradecore.ports.runtime import Clock
+from tradecore.services.account_security import AccountSecurity
+from tradecore.services.auth import Authenticator
+from tradecore.services.dashboard_order import DashboardOrders
+from tradecore.services.provisioning import Provisioning
+from tradecore.services.security_events import SecurityEvents
+from tradecore.services.webhook_intake import WebhookIntake
+from tradecore_adapters.http.config import HttpConfig
+
+
+@runtime_checkable
+class AccountBroker(Protocol):
+    """Broker calls the account endpoints need, made on the account's own connection."""
+
+    async def positions(self, account: TradingAccount) -> Mapping[str, Decimal]:
+        """Signed positions by symbol (flat symbols omitted). Raises on an unreachable broker."""
+        ...
+
+    async def verify_credentials(self, account: TradingAccount) -> str | None:
+        """None when the broker accepted the account's credentials, else its reason."""
+        ...
+
+
+@runtime_checkable
+class Readiness(Protocol):
+    """``GET /health/ready``: whether the stores answer."""
+
+    async def ready(self) -> bool: ...
+
+
+@attrs.frozen
+class Services:
+    """The use cases and stores the HTTP layer calls."""
+
+    auth: Authenticator
+    account_security: AccountSecurity
+    webhooks: WebhookIntake
+    dashboard: DashboardOrders
+    provisioning: Provisioning
+    events: SecurityEvents
+    accounts: TradingAccountRepository
+    orders: OrderHistory
+    audit: AuditLog
+    instruments: InstrumentDirectory
+    brokers: AccountBroker
+    readiness: Readiness
+    clock: Clock
+    public_jwk: Mapping[str, Any]
+
+
+SERVICES = web.AppKey("services", Services)
+CONFIG = web.AppKey("config", HttpConfig)
+OPENAPI = web.AppKey("openapi", bytes)
+
+CLIENT_IP = web.RequestKey("client_ip", str)
+CSRF_PRESENTED = web.RequestKey("csrf_presented", str)
+
+
+def request_context(request: web.Request) -> RequestContext:
+    """The audit facts of ``request``: client IP (through the trusted proxies), User-Agent,
+    path and method. The User-Agent is cut to 512 characters."""
+    return RequestContext(
+        ip_address=request[CLIENT_IP],
+        user_agent=request.headers.get("User-Agent", "")[:512],
+        request_path=redact_path(request.path),
+        request_method=request.method,
+    )
+
+
+_WEBHOOK_SEGMENT = re.compile(r"(/webhook/)[^/?#]*", re.IGNORECASE)
+
+
+def redact_path(path: str) -> str:
+    """``path`` with every segment after ``/webhook/`` replaced by ``<token>``, wherever it
+    appears, for logs and audit rows: a URL token never reaches either."""
+    return _WEBHOOK_SEGMENT.sub(r"\1<token>", path)
