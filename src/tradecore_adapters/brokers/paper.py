@@ -16,6 +16,8 @@ scheduled disconnects are not part of it (a restart drops them anyway).
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -224,6 +226,39 @@ class PaperExchange:
             raise ValueError(f"snapshot names symbols outside the catalogue: {sorted(unknown)}")
         self._state = state
 
+    def export_book(self, account_id: str) -> dict[str, Any]:
+        """One account's cash, holdings and open orders (finished orders travel one by one
+        with ``export_order``), as JSON-compatible data."""
+        account = self._account(account_id)
+        open_orders = {cid: o for cid, o in account.orders.items() if o.is_open}
+        book = Account(cash=account.cash, holdings=account.holdings, orders=open_orders)
+        data: dict[str, Any] = converter.unstructure(book)
+        return data
+
+    def import_book(self, account_id: str, data: Mapping[str, Any]) -> None:
+        """Replace one account's cash, holdings and open orders with an exported book; the
+        finished orders already known here stay."""
+        book = converter.structure(dict(data), Account)
+        account = self._account(account_id)
+        account.cash, account.holdings = book.cash, book.holdings
+        account.orders.update(book.orders)
+
+    def export_order(self, account_id: str, client_order_id: str) -> dict[str, Any] | None:
+        """One recorded order as JSON-compatible data, or None when unknown."""
+        order = self._account(account_id).orders.get(client_order_id)
+        if order is None:
+            return None
+        data: dict[str, Any] = converter.unstructure(order)
+        return data
+
+    def import_order(self, account_id: str, data: Mapping[str, Any]) -> None:
+        """Record an exported order again (an order placed by an earlier process)."""
+        order = converter.structure(dict(data), PaperOrder)
+        self._account(account_id).orders[order.client_order_id] = order
+
+    def knows_order(self, account_id: str, client_order_id: str) -> bool:
+        return client_order_id in self._account(account_id).orders
+
     # -- internals ---------------------------------------------------------------------------
 
     def _account(self, account_id: str) -> Account:
@@ -235,7 +270,10 @@ class PaperExchange:
 
     def _record(self, account: Account, order: PaperOrder) -> None:
         self._state.order_sequence += 1
-        order.broker_order_id = f"paper-{self._state.order_sequence:08d}"
+        # unique across processes that each hold part of the accounts: derived from the
+        # client order id, which is unique per account, and the account's own order count
+        digest = hashlib.sha256(order.client_order_id.encode()).hexdigest()[:12]
+        order.broker_order_id = f"paper-{digest}-{len(account.orders) + 1}"
         account.orders[order.client_order_id] = order
 
     def _fill(self, account: Account, order: PaperOrder, quantity: Decimal) -> None:

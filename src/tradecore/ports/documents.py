@@ -1,0 +1,16 @@
+"""Named JSON documents: state read and written as one piece (the paper broker's books)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class DocumentStore(Protocol):
+    async def load(self, name: str) -> dict[str, Any] | None:
+        """The document last saved under ``name``, or None."""
+        ...
+
+    async def save(self, name: str, document: dict[str, Any]) -> None:
+        """Store ``document`` under ``name``, replacing any earlier one, durably."""
+        ...

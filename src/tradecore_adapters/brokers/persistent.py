@@ -1,0 +1,131 @@
+"""A paper broker whose books outlive the process: real mode, several worker hosts.
+
+Each account's book (cash, holdings, open orders) is a document ``paper:{book}:{account}``,
+and each order a document ``paper:{book}:{account}:order:{client order id}``. A connection
+loads the book on ``connect``; an order the process has not seen is looked up before it is
+placed again, so a client order id stays idempotent across restarts and hosts. Every call that
+changes state saves what it changed before it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+
+from tradecore.broker import BrokerOrder
+from tradecore.orders import Side
+from tradecore.ports.documents import DocumentStore
+from tradecore.ports.runtime import Clock
+from tradecore_adapters.brokers.paper import PaperBroker, PaperExchange
+from tradecore_adapters.brokers.registry import PAPER
+
+
+class PersistentPaperBroker:
+    """A PaperBroker on ``exchange`` whose account state lives in ``store``."""
+
+    def __init__(
+        self,
+        exchange: PaperExchange,
+        store: DocumentStore,
+        account_id: str,
+        clock: Clock,
+        *,
+        book: str,
+    ) -> None:
+        self._exchange = exchange
+        self._store = store
+        self._account_id = account_id
+        self._inner = PaperBroker(exchange, account_id, clock)
+        self._prefix = f"paper:{book}:{account_id}"
+        self._loaded = False
+
+    @property
+    def name(self) -> str:
+        return PAPER
+
+    async def connect(self) -> None:
+        await self._inner.connect()
+        if not self._loaded:
+            book = await self._store.load(self._prefix)
+            if book is not None:
+                self._exchange.import_book(self._account_id, book)
+            self._loaded = True
+
+    async def instruments(self) -> frozenset[str]:
+        return await self._inner.instruments()
+
+    async def positions(self) -> Mapping[str, Decimal]:
+        return await self._inner.positions()
+
+    async def place_order(
+        self,
+        client_order_id: str,
+        symbol: str,
+        side: Side,
+        quantity: Decimal,
+        *,
+        reduce_only: bool = False,
+    ) -> BrokerOrder:
+        await self._recall(client_order_id)
+        order = await self._inner.place_order(
+            client_order_id, symbol, side, quantity, reduce_only=reduce_only
+        )
+        await self._persist(client_order_id)
+        return order
+
+    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+        await self._recall(client_order_id)
+        order = await self._inner.order_status(client_order_id)
+        if order is not None:
+            await self._persist(client_order_id)
+        return order
+
+    async def _recall(self, client_order_id: str) -> None:
+        if self._exchange.knows_order(self._account_id, client_order_id):
+            return
+        stored = await self._store.load(self._order_key(client_order_id))
+        if stored is not None:
+            self._exchange.import_order(self._account_id, stored)
+
+    async def _persist(self, client_order_id: str) -> None:
+        order = self._exchange.export_order(self._account_id, client_order_id)
+        if order is not None:
+            await self._store.save(self._order_key(client_order_id), order)
+        await self._store.save(self._prefix, self._exchange.export_book(self._account_id))
+
+    def _order_key(self, client_order_id: str) -> str:
+        return f"{self._prefix}:order:{client_order_id}"
+
+
+class PersistentPaperBrokerFactory:
+    """BrokerFactory for real mode: paper books kept in a DocumentStore; simulated orders on
+    their own book."""
+
+    def __init__(
+        self,
+        exchange: PaperExchange,
+        simulation_exchange: PaperExchange,
+        store: DocumentStore,
+        clock: Clock,
+    ) -> None:
+        self._exchange = exchange
+        self._simulation_exchange = simulation_exchange
+        self._store = store
+        self._clock = clock
+
+    def open(
+        self, trading_account_id: str, broker_name: str, *, simulation: bool
+    ) -> PersistentPaperBroker:
+        if simulation:
+            return PersistentPaperBroker(
+                self._simulation_exchange,
+                self._store,
+                trading_account_id,
+                self._clock,
+                book="simulation",
+            )
+        if broker_name != PAPER:
+            raise ValueError(f"unknown broker {broker_name!r}")
+        return PersistentPaperBroker(
+            self._exchange, self._store, trading_account_id, self._clock, book="live"
+        )

@@ -1,0 +1,18 @@
+"""Named JSON documents in a dictionary (copies in and out, like a database)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+
+class MemoryDocumentStore:
+    def __init__(self) -> None:
+        self._documents: dict[str, dict[str, Any]] = {}
+
+    async def load(self, name: str) -> dict[str, Any] | None:
+        document = self._documents.get(name)
+        return None if document is None else copy.deepcopy(document)
+
+    async def save(self, name: str, document: dict[str, Any]) -> None:
+        self._documents[name] = copy.deepcopy(document)

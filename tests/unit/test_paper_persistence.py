@@ -1,0 +1,77 @@
+"""The paper broker in real mode: books survive a worker restart and a move to another host."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from tradecore.broker import BrokerOrderStatus
+from tradecore.orders import Side
+from tradecore.testing.clock import FakeClock
+from tradecore_adapters.brokers.paper import PaperExchange
+from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
+from tradecore_adapters.memory.documents import MemoryDocumentStore
+
+ACCOUNT = "acct-1"
+
+
+def host(
+    store: MemoryDocumentStore, clock: FakeClock
+) -> tuple[PaperExchange, PersistentPaperBrokerFactory]:
+    """A fresh process: its own exchanges in memory, the shared document store."""
+    exchange = PaperExchange()
+    return exchange, PersistentPaperBrokerFactory(exchange, PaperExchange(), store, clock)
+
+
+async def test_a_restarted_host_sees_the_same_book_and_never_doubles_an_order() -> None:
+    store, clock = MemoryDocumentStore(), FakeClock()
+    _, first = host(store, clock)
+    broker = first.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    placed = await broker.place_order("ord-1-entry", "BTCUSDT", Side.BUY, Decimal(2))
+
+    exchange, second = host(store, clock)  # the worker host restarted
+    again = second.open(ACCOUNT, "paper", simulation=False)
+    await again.connect()
+    repeated = await again.place_order("ord-1-entry", "BTCUSDT", Side.BUY, Decimal(2))
+
+    assert repeated == placed
+    assert await again.positions() == {"BTCUSDT": Decimal(2)}
+    assert exchange.balance(ACCOUNT) == PaperExchange().balance(ACCOUNT)
+
+
+async def test_an_open_order_placed_on_one_host_fills_when_polled_on_another() -> None:
+    store, clock = MemoryDocumentStore(), FakeClock()
+    exchange_a, first = host(store, clock)
+    exchange_a.delay_next_fill(2)
+    broker = first.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    pending = await broker.place_order("ord-2-entry", "BTCUSDT", Side.SELL, Decimal(1))
+    assert pending.status is BrokerOrderStatus.PENDING
+
+    _, second = host(store, clock)
+    moved = second.open(ACCOUNT, "paper", simulation=False)
+    await moved.connect()
+    polls = [await moved.order_status("ord-2-entry") for _ in range(2)]
+
+    assert [p.status for p in polls if p] == [
+        BrokerOrderStatus.PENDING,
+        BrokerOrderStatus.FILLED,
+    ]
+    assert await moved.positions() == {"BTCUSDT": Decimal(-1)}
+
+
+async def test_simulated_orders_keep_their_own_persistent_book() -> None:
+    store, clock = MemoryDocumentStore(), FakeClock()
+    _, first = host(store, clock)
+    simulated = first.open(ACCOUNT, "paper", simulation=True)
+    await simulated.connect()
+    await simulated.place_order("ord-3-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    _, second = host(store, clock)
+    live = second.open(ACCOUNT, "paper", simulation=False)
+    await live.connect()
+    replayed_simulation = second.open(ACCOUNT, "paper", simulation=True)
+    await replayed_simulation.connect()
+
+    assert await live.positions() == {}
+    assert await replayed_simulation.positions() == {"BTCUSDT": Decimal(1)}
