@@ -17,7 +17,6 @@ scheduled disconnects are not part of it (a restart drops them anyway).
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
