@@ -1,0 +1,88 @@
+"""Queue payloads as compact JSON: OrderRequest, OrderResult and FillTask.
+
+Decimals travel as strings (``str(Decimal)``, so ``1.50`` stays ``1.50``), datetimes as ISO
+8601 in UTC, enums as their values. Decoding an encoding gives an equal value, and encoding is
+deterministic, so re-encoding a decoded value gives the same text: the queue finds a stored
+entry again by its text. A naive datetime cannot be encoded (ValueError).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import cattrs
+
+from tradecore.orders import OrderRequest, OrderResult
+from tradecore.ports.messaging import FillTask
+
+T = TypeVar("T")
+
+_converter = cattrs.Converter()
+
+
+def _unstructure_datetime(value: datetime) -> str:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"naive datetime {value.isoformat()} cannot be encoded")
+    return value.astimezone(UTC).isoformat()
+
+
+def _structure_datetime(value: Any, _: type) -> datetime:
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"datetime {value!r} has no offset")
+    return parsed.astimezone(UTC)
+
+
+def _structure_decimal(value: Any, _: type) -> Decimal:
+    if not isinstance(value, str):
+        raise TypeError(f"a decimal travels as a string, got {type(value).__name__}")
+    return Decimal(value)
+
+
+_converter.register_unstructure_hook(Decimal, str)
+_converter.register_structure_hook(Decimal, _structure_decimal)
+_converter.register_unstructure_hook(datetime, _unstructure_datetime)
+_converter.register_structure_hook(datetime, _structure_datetime)
+
+
+def _encode(value: object) -> str:
+    return json.dumps(_converter.unstructure(value), separators=(",", ":"), ensure_ascii=False)
+
+
+def _decode(raw: str | bytes, kind: type[T]) -> T:
+    return _converter.structure(json.loads(raw), kind)
+
+
+def encode_request(request: OrderRequest) -> str:
+    return _encode(request)
+
+
+def decode_request(raw: str | bytes) -> OrderRequest:
+    """Raises a cattrs error or ValueError on a malformed payload."""
+    return _decode(raw, OrderRequest)
+
+
+def encode_result(result: OrderResult) -> str:
+    return _encode(result)
+
+
+def decode_result(raw: str | bytes) -> OrderResult:
+    """Raises a cattrs error or ValueError on a malformed payload."""
+    return _decode(raw, OrderResult)
+
+
+def encode_task(task: FillTask) -> str:
+    return _encode(task)
+
+
+def decode_task(raw: str | bytes) -> FillTask:
+    """Raises a cattrs error or ValueError on a malformed payload."""
+    return _decode(raw, FillTask)
+
+
+def task_from_data(data: object) -> FillTask:
+    """A FillTask from its already parsed JSON form."""
+    return _converter.structure(data, FillTask)

@@ -1,0 +1,255 @@
+"""The order-tasks FIFO queue on Redis: message groups, delays, visibility timeout, dead letter.
+
+Same observable behaviour as ``MemoryFillTaskQueue``: among the messages that are visible and
+whose group has nothing in flight, the oldest sent is delivered; a delivery makes its message
+invisible for the visibility timeout, after which it is delivered again with a higher
+``receive_count``; ``ack``, ``retry`` and ``dead_letter`` act only on the latest delivery of
+a message that was not settled since. Time is the server's clock (microseconds).
+
+Keys, under the prefix ``order-tasks.fifo`` (P):
+
+* ``P:seq`` - message ids, in send order;
+* ``P:msg:{id}`` - a hash: ``body`` (the FillTask as JSON), ``group``, ``count`` (deliveries),
+  ``inflight`` (1 from a delivery until a retry or settle);
+* ``P:timers`` - a sorted set, id -> when it next changes: a delayed message becomes visible,
+  or an in-flight message's visibility timeout ends;
+* ``P:group:{user_id}`` - a sorted set of the group's visible messages not in flight (score id);
+* ``P:busy`` - a hash, group -> the id in flight;
+* ``P`` itself - a sorted set, group -> its oldest visible id, for groups with nothing in flight
+  (the queue head: the lowest score is the next delivery);
+* ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}}`` oldest first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from redis.asyncio import Redis
+
+from tradecore.fills import VISIBILITY_TIMEOUT_S
+from tradecore.ports.messaging import FillDelivery, FillTask
+from tradecore_adapters.redis.client import text
+from tradecore_adapters.redis.codec import decode_task, encode_task, task_from_data
+from tradecore_adapters.redis.errors import unavailable_on_failure
+
+QUEUE_KEY = "order-tasks.fifo"
+DEAD_LETTER_SUFFIX = ":dead"
+
+_POLL_FIRST_S = 0.002
+_POLL_CAP_S = 0.05
+_TIMER_BATCH = 500
+"""Timers processed per receive; a larger backlog is worked off over the next receives."""
+
+_COMMON = """
+local P = ARGV[1]
+local TIMERS = P .. ':timers'
+local BUSY = P .. ':busy'
+local READY = P
+local function msg(id) return P .. ':msg:' .. id end
+local function grp(g) return P .. ':group:' .. g end
+local function fmt(x) return string.format('%.0f', x) end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- READY holds g, scored by its oldest visible id, exactly when g has one and nothing in flight.
+local function refresh(g)
+  if redis.call('HEXISTS', BUSY, g) == 1 then
+    redis.call('ZREM', READY, g)
+    return
+  end
+  local head = redis.call('ZRANGE', grp(g), 0, 0, 'WITHSCORES')
+  if head[1] then redis.call('ZADD', READY, head[2], g) else redis.call('ZREM', READY, g) end
+end
+local function place(id, g, visible_at, now)
+  if visible_at <= now then
+    redis.call('ZADD', grp(g), id, id)
+    refresh(g)
+  else
+    redis.call('ZADD', TIMERS, fmt(visible_at), id)
+  end
+end
+local function unplace(id, g)
+  redis.call('ZREM', TIMERS, id)
+  redis.call('ZREM', grp(g), id)
+  if redis.call('HGET', BUSY, g) == id then redis.call('HDEL', BUSY, g) end
+end
+-- The message a receipt 'id.count' names, if that delivery is its latest and unsettled.
+local function current(receipt)
+  local id, count = string.match(receipt, '^(%d+)%.(%d+)$')
+  if not id then return nil end
+  local m = redis.call('HMGET', msg(id), 'group', 'count', 'inflight')
+  if not m[1] or m[2] ~= count or m[3] ~= '1' then return nil end
+  return id, m[1]
+end
+"""
+
+# ARGV: prefix, body, group, delay (us). Returns the id.
+_SEND = (
+    _COMMON
+    + """
+local now = now_us()
+local id = tostring(redis.call('INCR', P .. ':seq'))
+redis.call('HSET', msg(id), 'body', ARGV[2], 'group', ARGV[3], 'count', 0, 'inflight', 0)
+place(id, ARGV[3], now + tonumber(ARGV[4]), now)
+return id
+"""
+)
+
+# ARGV: prefix, visibility timeout (us), timer batch. Returns {id, count, body} or nil.
+_RECEIVE = (
+    _COMMON
+    + """
+local now = now_us()
+local due = redis.call('ZRANGEBYSCORE', TIMERS, '-inf', fmt(now), 'LIMIT', 0, tonumber(ARGV[3]))
+local touched = {}
+for _, id in ipairs(due) do
+  redis.call('ZREM', TIMERS, id)
+  local g = redis.call('HGET', msg(id), 'group')
+  if g then
+    if redis.call('HGET', BUSY, g) == id then redis.call('HDEL', BUSY, g) end
+    redis.call('ZADD', grp(g), id, id)
+    touched[g] = true
+  end
+end
+for g in pairs(touched) do refresh(g) end
+local head = redis.call('ZRANGE', READY, 0, 0)
+if not head[1] then return false end
+local g = head[1]
+local id = redis.call('ZRANGE', grp(g), 0, 0)[1]
+redis.call('ZREM', grp(g), id)
+local count = redis.call('HINCRBY', msg(id), 'count', 1)
+redis.call('HSET', msg(id), 'inflight', 1)
+redis.call('HSET', BUSY, g, id)
+redis.call('ZADD', TIMERS, fmt(now + tonumber(ARGV[2])), id)
+redis.call('ZREM', READY, g)
+return {id, count, redis.call('HGET', msg(id), 'body')}
+"""
+)
+
+# ARGV: prefix, receipt. Returns 1 when deleted.
+_ACK = (
+    _COMMON
+    + """
+local id, g = current(ARGV[2])
+if not id then return 0 end
+unplace(id, g)
+redis.call('DEL', msg(id))
+refresh(g)
+return 1
+"""
+)
+
+# ARGV: prefix, receipt, delay (us). Returns 1 when re-scheduled.
+_RETRY = (
+    _COMMON
+    + """
+local id, g = current(ARGV[2])
+if not id then return 0 end
+local now = now_us()
+unplace(id, g)
+redis.call('HSET', msg(id), 'inflight', 0)
+refresh(g)
+place(id, g, now + tonumber(ARGV[3]), now)
+return 1
+"""
+)
+
+# ARGV: prefix, receipt, reason. Returns 1 when moved to the dead letter.
+_DEAD_LETTER = (
+    _COMMON
+    + """
+local id, g = current(ARGV[2])
+if not id then return 0 end
+local body = redis.call('HGET', msg(id), 'body')
+unplace(id, g)
+redis.call('DEL', msg(id))
+refresh(g)
+local letter = '{"reason":' .. cjson.encode(ARGV[3]) .. ',"task":' .. body .. '}'
+redis.call('RPUSH', P .. ':dead', letter)
+return 1
+"""
+)
+
+
+def _micros(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
+
+
+class RedisFillTaskQueue:
+    """FillTaskQueue on Redis (keys and semantics in the module docstring).
+
+    ``receive`` polls with a short backoff (2 ms doubling to 50 ms) until its timeout.
+    Raises KeyValueStoreUnavailable.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        visibility_timeout_s: float = VISIBILITY_TIMEOUT_S,
+        *,
+        prefix: str = QUEUE_KEY,
+    ) -> None:
+        self._client = client
+        self._visibility_us = _micros(visibility_timeout_s)
+        self._prefix = prefix
+        self._send = client.register_script(_SEND)
+        self._receive = client.register_script(_RECEIVE)
+        self._ack = client.register_script(_ACK)
+        self._retry = client.register_script(_RETRY)
+        self._dead_letter = client.register_script(_DEAD_LETTER)
+
+    @property
+    def dead_letter_key(self) -> str:
+        return self._prefix + DEAD_LETTER_SUFFIX
+
+    async def send(self, task: FillTask, delay_s: float) -> None:
+        with unavailable_on_failure("send fill task"):
+            await self._send(args=[self._prefix, encode_task(task), task.user_id, _micros(delay_s)])
+
+    async def receive(self, timeout_s: float) -> FillDelivery | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        pause = _POLL_FIRST_S
+        while True:
+            delivery = await self._receive_now()
+            if delivery is not None:
+                return delivery
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, _POLL_CAP_S)
+
+    async def ack(self, delivery: FillDelivery) -> None:
+        with unavailable_on_failure("ack fill task"):
+            await self._ack(args=[self._prefix, delivery.receipt])
+
+    async def retry(self, delivery: FillDelivery, delay_s: float) -> None:
+        with unavailable_on_failure("retry fill task"):
+            await self._retry(args=[self._prefix, delivery.receipt, _micros(delay_s)])
+
+    async def dead_letter(self, delivery: FillDelivery, reason: str) -> None:
+        with unavailable_on_failure("dead-letter fill task"):
+            await self._dead_letter(args=[self._prefix, delivery.receipt, reason])
+
+    async def dead_letters(self) -> list[tuple[FillTask, str]]:
+        with unavailable_on_failure("list dead letters"):
+            raws = await self._client.lrange(self.dead_letter_key, 0, -1)
+        letters: list[tuple[FillTask, str]] = []
+        for raw in raws:
+            entry = json.loads(raw)
+            letters.append((task_from_data(entry["task"]), str(entry["reason"])))
+        return letters
+
+    async def _receive_now(self) -> FillDelivery | None:
+        with unavailable_on_failure("receive fill task"):
+            found = await self._receive(
+                args=[self._prefix, self._visibility_us, _TIMER_BATCH],
+            )
+        if not found:
+            return None
+        message_id, count, body = found
+        count = int(count)
+        return FillDelivery(decode_task(text(body)), f"{text(message_id)}.{count}", count)

@@ -1,0 +1,259 @@
+"""The API <-> worker bus on Redis: the order queue and the worker directory.
+
+Keys (specification, "Internal messages", plus auxiliaries under the same prefixes):
+
+* ``worker:active:{user_id}`` - the active mark, a string with a PX time to live;
+* ``trading:user:{user_id}:requests`` - the request list (RPUSH by the API, oldest at the left);
+* ``trading:user:{user_id}:processing`` - the in-flight list: ``take`` moves a request there
+  with LMOVE and only ``complete`` removes it, so a worker crash loses nothing;
+* ``trading:response:{request_id}`` - the reply list, one entry, expiring after 60 s;
+* ``worker-control.fifo`` - the start-request list, and ``worker-control.fifo:pending`` the
+  set that deduplicates it while a user's request is pending.
+
+Pushes publish the user id on the channel ``trading:user:requests:pushed`` in the same script,
+which wakes the user's waiting ``take`` in whichever host serves it: an idle worker holds no
+connection, so a host runs thousands of them on a handful of sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from redis.asyncio import Redis
+
+from tradecore.orders import OrderRequest, OrderResult
+from tradecore_adapters.redis.client import RedisConnections, Wakeups, text
+from tradecore_adapters.redis.codec import (
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+)
+from tradecore_adapters.redis.errors import unavailable_on_failure
+
+REPLY_TTL_S = 60.0
+"""A reply nobody collected is dropped after this long (the API waits at most 30 s)."""
+
+PUSHED_CHANNEL = "trading:user:requests:pushed"
+CONTROL_KEY = "worker-control.fifo"
+CONTROL_PENDING_KEY = "worker-control.fifo:pending"
+
+_RECHECK_S = 5.0
+"""Longest wait of ``take`` without looking at the list (covers a lost wake-up)."""
+_MIN_BLOCK_S = 0.01
+"""Shortest server-side block: Redis reads a block under 1 ms as 0, which means forever."""
+_ACTIVE_POLL_FIRST_S = 0.001
+_ACTIVE_POLL_CAP_S = 0.02
+
+
+def mark_key(user_id: str) -> str:
+    return f"worker:active:{user_id}"
+
+
+def requests_key(user_id: str) -> str:
+    return f"trading:user:{user_id}:requests"
+
+
+def processing_key(user_id: str) -> str:
+    return f"trading:user:{user_id}:processing"
+
+
+def response_key(request_id: str) -> str:
+    return f"trading:response:{request_id}"
+
+
+# KEYS: mark, requests. ARGV: payload, channel, user id. Push only while the mark exists.
+_PUSH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
+# KEYS: mark, requests. Remove the mark only while no request waits.
+_RETIRE = """
+if redis.call('LLEN', KEYS[2]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# KEYS: control list, pending set. ARGV: user id. The set says "pending"; a user the set
+# names but the list lacks (a host took it and died before clearing the set) is pushed again.
+_REQUEST_START = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 or not redis.call('LPOS', KEYS[1], ARGV[1]) then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: control list, pending set. ARGV: the user id just popped (or '' to pop here).
+# Clear the pending entry unless the user was requested again meanwhile.
+_SETTLE_START = """
+local user = ARGV[1]
+if user == '' then
+  user = redis.call('LPOP', KEYS[1])
+  if not user then return false end
+end
+if not redis.call('LPOS', KEYS[1], user) then redis.call('SREM', KEYS[2], user) end
+return user
+"""
+
+
+class RedisOrderQueue:
+    """OrderQueue on Redis (keys in the module docstring).
+
+    ``push`` appends only while the user's mark exists, in one script; ``take`` moves the
+    oldest request to the in-flight list (LMOVE) and waits for a push through ``Wakeups``
+    without holding a connection; ``complete`` replaces the reply, sets its TTL and drops the
+    request from the in-flight list in one MULTI; ``wait_result`` is a blocking pop bounded
+    by its timeout. Raises KeyValueStoreUnavailable.
+    """
+
+    def __init__(self, connections: RedisConnections, wakeups: Wakeups | None = None) -> None:
+        self._client = connections.commands
+        self._blocking = connections.blocking
+        self._grace_s = connections.grace_s
+        self._wakeups = wakeups or Wakeups(connections.commands, PUSHED_CHANNEL)
+        self._push = self._client.register_script(_PUSH)
+
+    async def aclose(self) -> None:
+        """Stop listening for pushes (the clients stay open: their owner closes them)."""
+        await self._wakeups.aclose()
+
+    async def push(self, request: OrderRequest) -> bool:
+        user = request.user_id
+        with unavailable_on_failure("push"):
+            pushed = await self._push(
+                keys=[mark_key(user), requests_key(user)],
+                args=[encode_request(request), self._wakeups.channel, user],
+            )
+        return bool(int(pushed))
+
+    async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
+        key = response_key(request_id)
+        raw: str | bytes | None
+        with unavailable_on_failure("wait for a reply"):
+            if timeout_s <= 0:
+                raw = await self._client.lpop(key)  # type: ignore[assignment]  # one element
+            else:
+                block_s = max(timeout_s, _MIN_BLOCK_S)
+                async with asyncio.timeout(block_s + self._grace_s):
+                    popped = await self._blocking.blpop([key], timeout=block_s)
+                raw = None if popped is None else popped[1]
+        return None if raw is None else decode_result(raw)
+
+    async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
+        if timeout_s <= 0:
+            return await self._move_oldest(user_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        event = self._wakeups.watch(user_id)
+        try:
+            while True:
+                # Clear before looking, so a push after the look still wakes the wait.
+                event.clear()
+                request = await self._move_oldest(user_id)
+                if request is not None:
+                    return request
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, _RECHECK_S)):
+                        await event.wait()
+                if not event.is_set() and deadline - loop.time() <= 0:
+                    return None
+        finally:
+            self._wakeups.unwatch(user_id, event)
+
+    async def complete(self, request: OrderRequest, result: OrderResult) -> None:
+        reply = response_key(request.request_id)
+        with unavailable_on_failure("complete"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(reply)
+                pipe.rpush(reply, encode_result(result))
+                pipe.pexpire(reply, round(REPLY_TTL_S * 1000))
+                pipe.lrem(processing_key(request.user_id), 1, encode_request(request))
+                await pipe.execute()
+
+    async def in_flight(self, user_id: str) -> list[OrderRequest]:
+        with unavailable_on_failure("in-flight list"):
+            raws = await self._client.lrange(processing_key(user_id), 0, -1)
+        return [decode_request(raw) for raw in raws]
+
+    async def _move_oldest(self, user_id: str) -> OrderRequest | None:
+        with unavailable_on_failure("take"):
+            raw = await self._client.lmove(
+                requests_key(user_id), processing_key(user_id), "LEFT", "RIGHT"
+            )
+        return None if raw is None else decode_request(raw)
+
+
+class RedisWorkerDirectory:
+    """WorkerDirectory on Redis (keys in the module docstring).
+
+    ``retire`` removes the mark only while the request list is empty, in one script;
+    ``request_start`` is deduplicated while the user's start request is pending;
+    ``next_start_request`` is a blocking pop bounded by its timeout; ``wait_active`` polls the
+    mark with a short backoff (1 ms doubling to 20 ms), so a cold start is seen within
+    milliseconds. Raises KeyValueStoreUnavailable.
+    """
+
+    def __init__(self, connections: RedisConnections) -> None:
+        self._client: Redis = connections.commands
+        self._blocking: Redis = connections.blocking
+        self._grace_s = connections.grace_s
+        self._retire = self._client.register_script(_RETIRE)
+        self._request_start = self._client.register_script(_REQUEST_START)
+        self._settle_start = self._client.register_script(_SETTLE_START)
+
+    async def is_active(self, user_id: str) -> bool:
+        with unavailable_on_failure("active mark"):
+            return bool(await self._client.exists(mark_key(user_id)))
+
+    async def request_start(self, user_id: str) -> None:
+        with unavailable_on_failure("start request"):
+            await self._request_start(keys=[CONTROL_KEY, CONTROL_PENDING_KEY], args=[user_id])
+
+    async def wait_active(self, user_id: str, timeout_s: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        pause = _ACTIVE_POLL_FIRST_S
+        while True:
+            if await self.is_active(user_id):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, _ACTIVE_POLL_CAP_S)
+
+    async def next_start_request(self, timeout_s: float) -> str | None:
+        keys = [CONTROL_KEY, CONTROL_PENDING_KEY]
+        with unavailable_on_failure("next start request"):
+            if timeout_s <= 0:
+                user = await self._settle_start(keys=keys, args=[""])
+                return None if user is None else text(user)
+            block_s = max(timeout_s, _MIN_BLOCK_S)
+            async with asyncio.timeout(block_s + self._grace_s):
+                popped = await self._blocking.blpop([CONTROL_KEY], timeout=block_s)
+            if popped is None:
+                return None
+            user = text(popped[1])
+            await self._settle_start(keys=keys, args=[user])
+            return user
+
+    async def mark_active(self, user_id: str, ttl_s: float) -> None:
+        with unavailable_on_failure("mark active"):
+            await self._client.set(mark_key(user_id), "1", px=max(1, round(ttl_s * 1000)))
+
+    async def clear_active(self, user_id: str) -> None:
+        with unavailable_on_failure("clear active"):
+            await self._client.delete(mark_key(user_id))
+
+    async def retire(self, user_id: str) -> bool:
+        with unavailable_on_failure("retire"):
+            retired = await self._retire(keys=[mark_key(user_id), requests_key(user_id)])
+        return bool(int(retired))

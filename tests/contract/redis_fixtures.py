@@ -1,0 +1,286 @@
+"""Redis for the contract suites, and the key-value harness that runs them on both adapters.
+
+Tests use a dedicated logical database (``TRADECORE_TEST_REDIS_DB``, default 9; never 0) on
+``TRADECORE_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379``), flushed before each test.
+An unreachable server skips the Redis tests with the reason, except in CI (``CI=true``) where
+it fails them.
+
+``kv`` is parametrized over ``memory`` and ``redis``: the same test runs on the in-memory
+adapters (on a FakeClock) and on the Redis ones (on the server's clock). Time is handled by
+the harness so no test waits long: ``ttl_s`` reads a key's remaining life, ``lapse`` ends it
+(the clock moves past it, or the key is deleted), and ``pass_time`` lets a short span go by
+(the fake clock advances; against Redis it is a real pause of at most 0.25 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Literal
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from tradecore.orders import (
+    AlertAction,
+    OrderRequest,
+    OrderResult,
+    OrderStatus,
+    OrderType,
+    Source,
+)
+from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, WorkerDirectory
+from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore
+from tradecore.testing.clock import EPOCH, FakeClock
+from tradecore_adapters.memory.messaging import (
+    MemoryFillTaskQueue,
+    MemoryOrderQueue,
+    MemoryWorkerDirectory,
+)
+from tradecore_adapters.memory.protection import (
+    MemoryAlertThrottle,
+    MemoryRateLimiter,
+    MemoryReplayStore,
+)
+from tradecore_adapters.redis import (
+    RedisAlertThrottle,
+    RedisConnections,
+    RedisFillTaskQueue,
+    RedisOrderQueue,
+    RedisRateLimiter,
+    RedisReplayStore,
+    RedisWorkerDirectory,
+    connect,
+    open_connections,
+)
+from tradecore_adapters.redis.messaging import mark_key, response_key
+
+__all__ = [
+    "KvHarness",
+    "MemoryHarness",
+    "RedisHarness",
+    "fill_task",
+    "kv",
+    "order_request",
+    "order_result",
+    "redis_client",
+    "redis_connections",
+    "redis_url",
+]
+
+URL_ENV = "TRADECORE_TEST_REDIS_URL"
+DB_ENV = "TRADECORE_TEST_REDIS_DB"
+DEFAULT_URL = "redis://127.0.0.1:6379"
+DEFAULT_DB = 9
+LONGEST_REAL_PAUSE_S = 0.25
+
+Kind = Literal["replay", "throttle", "mark", "reply"]
+
+
+def _test_url() -> str:
+    """The server of ``TRADECORE_TEST_REDIS_URL`` with the test database as its path."""
+    db = int(os.environ.get(DB_ENV, str(DEFAULT_DB)))
+    if db == 0:
+        raise pytest.UsageError(f"{DB_ENV}=0: the tests flush their database; pick another")
+    return urlsplit(os.environ.get(URL_ENV, DEFAULT_URL))._replace(path=f"/{db}").geturl()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The test database's URL, once the server answered a PING."""
+    url = _test_url()
+    probe = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        probe.ping()
+    except redis.RedisError as e:
+        reason = f"Redis unreachable at {url}: {e}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true requires Redis)")
+        pytest.skip(reason)
+    finally:
+        probe.close()
+    return url
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
+    """A command client on the flushed test database."""
+    client = connect(redis_url, socket_timeout_s=2.0)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def redis_connections(redis_url: str) -> AsyncIterator[RedisConnections]:
+    """Command and blocking clients on the flushed test database."""
+    connections = open_connections(redis_url)
+    await connections.commands.flushdb()
+    yield connections
+    await connections.aclose()
+
+
+def order_request(request_id: str, user_id: str = "u1") -> OrderRequest:
+    return OrderRequest(
+        request_id=request_id,
+        order_id=f"order-{request_id}",
+        user_id=user_id,
+        trading_account_id="acct",
+        symbol="BTCUSDT",
+        action=AlertAction.BUY,
+        order_type=OrderType.ENTRY,
+        quantity=Decimal("1.50"),
+        source=Source.WEBHOOK,
+        simulation=False,
+        created_at=EPOCH,
+        expires_at=EPOCH + timedelta(minutes=5),
+    )
+
+
+def order_result(request: OrderRequest) -> OrderResult:
+    return OrderResult(
+        order_id=request.order_id,
+        request_id=request.request_id,
+        status=OrderStatus.FILLED,
+        symbol=request.symbol,
+        action=request.action,
+        quantity=request.quantity,
+        filled_quantity=request.quantity,
+        fill_price=Decimal("100.25"),
+        broker_refs=("b-1",),
+    )
+
+
+def fill_task(order_id: str, user_id: str = "u1") -> FillTask:
+    return FillTask(order_id=order_id, user_id=user_id, trading_account_id="acct")
+
+
+class KvHarness:
+    """The adapters of one technology plus the time controls described above."""
+
+    name: str
+    replay: ReplayStore
+    limiter: RateLimiter
+    throttle: AlertThrottle
+    queue: OrderQueue
+    directory: WorkerDirectory
+
+    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
+        raise NotImplementedError
+
+    async def ttl_s(self, kind: Kind, ident: str) -> float | None:
+        """Seconds the key of ``kind`` for ``ident`` still lives; None when absent."""
+        raise NotImplementedError
+
+    async def lapse(self, kind: Kind, ident: str) -> None:
+        """Let the key's time to live run out."""
+        raise NotImplementedError
+
+    async def pass_time(self, seconds: float) -> None:
+        """Let ``seconds`` (at most 0.25) go by."""
+        raise NotImplementedError
+
+
+class MemoryHarness(KvHarness):
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.replay: MemoryReplayStore = MemoryReplayStore(self.clock)
+        self.limiter = MemoryRateLimiter(self.clock)
+        self.throttle: MemoryAlertThrottle = MemoryAlertThrottle(self.clock)
+        self.directory: MemoryWorkerDirectory = MemoryWorkerDirectory(self.clock)
+        self.queue: MemoryOrderQueue = MemoryOrderQueue(self.clock, self.directory)
+        self.directory.attach_queue(self.queue)
+
+    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
+        return MemoryFillTaskQueue(self.clock, visibility_timeout_s)
+
+    async def ttl_s(self, kind: Kind, ident: str) -> float | None:
+        # The memory adapters expose no TTL; read their expiry times (read-only).
+        expiry: datetime | None
+        if kind == "replay":
+            expiry = self.replay._keys._expiry.get(ident)
+        elif kind == "throttle":
+            expiry = self.throttle._slots._expiry.get(ident)
+        elif kind == "mark":
+            expiry = self.directory._marks.get(ident)
+        else:
+            reply = self.queue._replies.get(ident)
+            expiry = None if reply is None else reply[1]
+        if expiry is None:
+            return None
+        left = (expiry - self.clock.now()).total_seconds()
+        return left if left > 0 else None
+
+    async def lapse(self, kind: Kind, ident: str) -> None:
+        left = await self.ttl_s(kind, ident)
+        if left is not None:
+            self.clock.advance(left)
+
+    async def pass_time(self, seconds: float) -> None:
+        assert seconds <= LONGEST_REAL_PAUSE_S
+        self.clock.advance(seconds)
+
+
+class RedisHarness(KvHarness):
+    name = "redis"
+
+    def __init__(self, connections: RedisConnections) -> None:
+        self.connections = connections
+        client = connections.commands
+        self.replay: RedisReplayStore = RedisReplayStore(client)
+        self.limiter = RedisRateLimiter(client)
+        self.throttle: RedisAlertThrottle = RedisAlertThrottle(client)
+        self.directory = RedisWorkerDirectory(connections)
+        self.queue: RedisOrderQueue = RedisOrderQueue(connections)
+
+    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
+        return RedisFillTaskQueue(self.connections.commands, visibility_timeout_s)
+
+    def key(self, kind: Kind, ident: str) -> str:
+        if kind == "replay":
+            return self.replay.key(ident)
+        if kind == "throttle":
+            return self.throttle.key(ident)
+        return mark_key(ident) if kind == "mark" else response_key(ident)
+
+    async def ttl_s(self, kind: Kind, ident: str) -> float | None:
+        pttl = int(await self.connections.commands.pttl(self.key(kind, ident)))
+        if pttl == -2:
+            return None
+        return float("inf") if pttl == -1 else pttl / 1000
+
+    async def lapse(self, kind: Kind, ident: str) -> None:
+        await self.connections.commands.delete(self.key(kind, ident))
+
+    async def pass_time(self, seconds: float) -> None:
+        assert seconds <= LONGEST_REAL_PAUSE_S
+        await asyncio.sleep(seconds)
+
+    async def aclose(self) -> None:
+        await self.queue.aclose()
+
+
+def _kv_params() -> Iterator[object]:
+    yield pytest.param("memory", id="memory")
+    yield pytest.param("redis", id="redis", marks=pytest.mark.redis)
+
+
+@pytest.fixture(params=list(_kv_params()))
+async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KvHarness]:
+    """The key-value adapters of one technology (see the module docstring)."""
+    if request.param == "memory":
+        yield MemoryHarness()
+        return
+    connections = open_connections(request.getfixturevalue("redis_url"))
+    await connections.commands.flushdb()
+    harness = RedisHarness(connections)
+    yield harness
+    await harness.aclose()
+    await connections.aclose()

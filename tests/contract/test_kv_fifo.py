@@ -1,0 +1,219 @@
+"""Contract of the order-tasks FIFO queue (FillTaskQueue), on the memory and Redis adapters.
+
+Delays and visibility timeouts are short (0.2 s) so the Redis runs pass real time briefly;
+the memory runs move their fake clock instead. Waits a correct adapter cuts short are given a
+generous timeout, and the test checks what came back, never how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis_fixtures import KvHarness, fill_task
+
+from tradecore.ports.messaging import FillDelivery, FillTaskQueue
+
+NEVER_S = 5.0
+SHORT_S = 0.2
+
+
+async def received(tasks: FillTaskQueue, timeout_s: float = 0) -> FillDelivery:
+    delivery = await tasks.receive(timeout_s)
+    assert delivery is not None, "nothing was delivered"
+    return delivery
+
+
+def test_the_adapter_implements_the_port(kv: KvHarness) -> None:
+    assert isinstance(kv.tasks(), FillTaskQueue)
+
+
+async def test_a_group_delivers_nothing_while_a_message_is_in_flight(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    await tasks.send(fill_task("p1", "u2"), 0)
+    first = await received(tasks)
+    assert (first.task, first.receive_count) == (fill_task("o1"), 1)
+    assert (await received(tasks)).task == fill_task("p1", "u2")
+    assert await tasks.receive(0) is None  # o2 waits for o1
+    await tasks.ack(first)
+    assert (await received(tasks)).task == fill_task("o2")
+
+
+async def test_messages_sent_to_a_busy_group_wait_for_it(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    first = await received(tasks)
+    await tasks.send(fill_task("o2"), 0)
+    await tasks.send(fill_task("o3"), SHORT_S)
+    await kv.pass_time(SHORT_S)
+    assert await tasks.receive(0) is None
+    await tasks.ack(first)
+    assert (await received(tasks)).task == fill_task("o2")
+
+
+async def test_the_oldest_visible_message_of_a_free_group_comes_first(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    for order_id, user in [("a1", "u1"), ("b1", "u2"), ("a2", "u1"), ("c1", "u3"), ("b2", "u2")]:
+        await tasks.send(fill_task(order_id, user), 0)
+    order = []
+    while (delivery := await tasks.receive(0)) is not None:
+        order.append(delivery.task.order_id)
+        await tasks.ack(delivery)
+    assert order == ["a1", "b1", "a2", "c1", "b2"]
+
+
+async def test_a_delayed_message_becomes_visible_after_its_delay(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), SHORT_S)
+    assert await tasks.receive(0) is None
+    await kv.pass_time(SHORT_S)
+    assert (await received(tasks, NEVER_S)).task == fill_task("o1")
+
+
+async def test_a_delayed_message_does_not_hold_back_its_group(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("late"), 60)
+    await tasks.send(fill_task("now"), 0)
+    assert (await received(tasks)).task == fill_task("now")
+
+
+async def test_receive_waits_for_a_send(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    waiter = asyncio.create_task(tasks.receive(NEVER_S))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await tasks.send(fill_task("o1"), 0)
+    delivery = await waiter
+    assert delivery is not None and delivery.task == fill_task("o1")
+
+
+async def test_receive_gives_up_after_its_timeout(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    assert await tasks.receive(0.05) is None
+
+
+async def test_ack_deletes_the_message(kv: KvHarness) -> None:
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.ack(await received(tasks))
+    await kv.pass_time(SHORT_S)
+    assert await tasks.receive(0) is None
+    assert await tasks.dead_letters() == []
+
+
+async def test_retry_redelivers_after_its_delay_and_frees_the_group(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    first = await received(tasks)
+    assert first.task == fill_task("o1")
+    await tasks.retry(first, SHORT_S)
+    behind = await received(tasks)
+    assert behind.task == fill_task("o2")
+    await tasks.ack(behind)
+    assert await tasks.receive(0) is None
+    await kv.pass_time(SHORT_S)
+    again = await received(tasks, NEVER_S)
+    assert (again.task, again.receive_count) == (fill_task("o1"), 2)
+    assert again.receipt != first.receipt
+
+
+async def test_a_retry_without_delay_is_visible_at_once(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.retry(await received(tasks), 0)
+    again = await received(tasks)
+    assert (again.task, again.receive_count) == (fill_task("o1"), 2)
+
+
+async def test_an_unsettled_message_is_redelivered_after_the_visibility_timeout(
+    kv: KvHarness,
+) -> None:
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    lost = await received(tasks)
+    assert await tasks.receive(0) is None
+    await kv.pass_time(SHORT_S)
+    again = await received(tasks, NEVER_S)
+    assert (again.task, again.receive_count) == (fill_task("o1"), 2)
+    # The first receipt is stale now: settling with it changes nothing.
+    await tasks.ack(lost)
+    await tasks.dead_letter(lost, "stale")
+    assert await tasks.receive(0) is None  # the group is busy with the new delivery
+    await kv.pass_time(SHORT_S)
+    third = await received(tasks, NEVER_S)
+    assert (third.task, third.receive_count) == (fill_task("o1"), 3)
+    assert await tasks.dead_letters() == []
+
+
+async def test_a_late_settle_of_the_latest_delivery_is_honoured(kv: KvHarness) -> None:
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    slow = await received(tasks)
+    await kv.pass_time(SHORT_S)  # past the visibility timeout, not yet delivered again
+    await tasks.ack(slow)
+    following = await received(tasks, NEVER_S)
+    assert (following.task, following.receive_count) == (fill_task("o2"), 1)
+
+
+async def test_a_settled_delivery_cannot_be_settled_again(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    delivery = await received(tasks)
+    await tasks.retry(delivery, 0)
+    await tasks.ack(delivery)
+    await tasks.dead_letter(delivery, "late")
+    await tasks.retry(delivery, 60)
+    again = await received(tasks)
+    assert again.task == fill_task("o1")
+    assert await tasks.dead_letters() == []
+
+
+async def test_a_forged_receipt_settles_nothing(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    delivery = await received(tasks)
+    for receipt in ["", "x.1", "1", "1.x", "99.1", delivery.receipt + "0"]:
+        await tasks.ack(FillDelivery(delivery.task, receipt, delivery.receive_count))
+    await tasks.ack(delivery)
+    assert await tasks.receive(0) is None
+
+
+async def test_dead_letters_are_listed_with_their_reasons_oldest_first(kv: KvHarness) -> None:
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("p1", "u2"), 0)
+    first = await received(tasks)
+    second = await received(tasks)
+    await tasks.dead_letter(first, "still pending after 3 retries")
+    await tasks.dead_letter(second, 'broker unreachable: "timeout" / 3')
+    assert await tasks.dead_letters() == [
+        (fill_task("o1"), "still pending after 3 retries"),
+        (fill_task("p1", "u2"), 'broker unreachable: "timeout" / 3'),
+    ]
+    await kv.pass_time(SHORT_S)
+    assert await tasks.receive(0) is None
+
+
+async def test_concurrent_receivers_get_one_message_per_group(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    for user in ("u1", "u2", "u3"):
+        for n in range(3):
+            await tasks.send(fill_task(f"{user}-{n}", user), 0)
+    deliveries = await asyncio.gather(*(tasks.receive(0) for _ in range(10)))
+    got = [d.task.order_id for d in deliveries if d is not None]
+    assert sorted(got) == ["u1-0", "u2-0", "u3-0"]
+
+
+async def test_receive_counts_grow_with_each_delivery(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    counts = []
+    for _ in range(4):
+        delivery = await received(tasks)
+        counts.append(delivery.receive_count)
+        await tasks.retry(delivery, 0)
+    assert counts == [1, 2, 3, 4]

@@ -1,0 +1,375 @@
+"""Contract of the key-value ports, on the memory and the Redis adapters alike.
+
+ReplayStore, RateLimiter, AlertThrottle, and the API <-> worker bus (OrderQueue with
+WorkerDirectory). Waits that a correct adapter cuts short are given a generous timeout; the
+test then checks what came back, never how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import attrs
+from redis_fixtures import KvHarness, order_request, order_result
+
+from tradecore.limits import RATE_LIMIT_PER_MINUTE, RATE_WINDOW_S
+from tradecore.ports.messaging import OrderQueue, WorkerDirectory
+from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore
+
+NEVER_S = 5.0  # a wait a correct adapter cuts short
+TTL_SLACK_S = 1.0  # a TTL read back may have run down a little (real clock)
+
+
+def test_adapters_implement_the_ports(kv: KvHarness) -> None:
+    assert isinstance(kv.replay, ReplayStore)
+    assert isinstance(kv.limiter, RateLimiter)
+    assert isinstance(kv.throttle, AlertThrottle)
+    assert isinstance(kv.queue, OrderQueue)
+    assert isinstance(kv.directory, WorkerDirectory)
+
+
+def assert_ttl(left: float | None, expected: float) -> None:
+    assert left is not None, "the key is absent"
+    assert expected - TTL_SLACK_S < left <= expected
+
+
+# --- Replay store ----------------------------------------------------------------------------
+
+
+async def test_a_fingerprint_is_claimed_once(kv: KvHarness) -> None:
+    assert await kv.replay.claim("fp1", 600)
+    assert not await kv.replay.claim("fp1", 600)
+    assert await kv.replay.claim("fp2", 600)
+
+
+async def test_a_claim_lives_for_its_ttl(kv: KvHarness) -> None:
+    await kv.replay.claim("fp1", 600)
+    assert_ttl(await kv.ttl_s("replay", "fp1"), 600)
+    await kv.replay.claim("short", 0)  # below one second: one second
+    assert_ttl(await kv.ttl_s("replay", "short"), 1)
+    await kv.lapse("replay", "fp1")
+    assert await kv.replay.claim("fp1", 600)
+
+
+async def test_a_failed_claim_does_not_extend_the_ttl(kv: KvHarness) -> None:
+    await kv.replay.claim("fp1", 100)
+    assert not await kv.replay.claim("fp1", 900)
+    assert_ttl(await kv.ttl_s("replay", "fp1"), 100)
+
+
+async def test_release_frees_the_fingerprint_and_is_idempotent(kv: KvHarness) -> None:
+    await kv.replay.claim("fp1", 600)
+    await kv.replay.release("fp1")
+    await kv.replay.release("fp1")
+    await kv.replay.release("never-claimed")
+    assert await kv.ttl_s("replay", "fp1") is None
+    assert await kv.replay.claim("fp1", 600)
+
+
+async def test_concurrent_claims_of_one_fingerprint_admit_exactly_one(kv: KvHarness) -> None:
+    claims = await asyncio.gather(*(kv.replay.claim("fp1", 600) for _ in range(30)))
+    assert sorted(claims) == [False] * 29 + [True]
+
+
+# --- Rate limiter ----------------------------------------------------------------------------
+
+
+async def test_concurrent_hits_on_an_empty_window_admit_exactly_the_limit(kv: KvHarness) -> None:
+    limit = RATE_LIMIT_PER_MINUTE
+    decisions = await asyncio.gather(
+        *(kv.limiter.hit("u1", limit, RATE_WINDOW_S) for _ in range(2 * limit))
+    )
+    admitted = [d for d in decisions if d.allowed]
+    refused = [d for d in decisions if not d.allowed]
+    assert len(admitted) == limit
+    assert sorted(d.remaining for d in admitted) == list(range(limit))
+    assert all(d.retry_after_s is None for d in admitted)
+    for decision in refused:
+        assert decision.remaining == 0
+        assert decision.retry_after_s is not None
+        assert 0 < decision.retry_after_s <= RATE_WINDOW_S
+
+
+async def test_remaining_counts_down_and_users_are_independent(kv: KvHarness) -> None:
+    answers = [await kv.limiter.hit("u1", 3, 60) for _ in range(4)]
+    assert [(a.allowed, a.remaining) for a in answers] == [
+        (True, 2),
+        (True, 1),
+        (True, 0),
+        (False, 0),
+    ]
+    other = await kv.limiter.hit("u2", 3, 60)
+    assert (other.allowed, other.remaining) == (True, 2)
+
+
+async def test_retry_after_is_the_time_until_the_oldest_hit_leaves(kv: KvHarness) -> None:
+    assert (await kv.limiter.hit("u1", 1, 60)).allowed
+    refused = await kv.limiter.hit("u1", 1, 60)
+    assert not refused.allowed
+    assert refused.retry_after_s is not None
+    assert 60 - TTL_SLACK_S < refused.retry_after_s <= 60
+
+
+async def test_a_zero_limit_refuses_with_the_whole_window(kv: KvHarness) -> None:
+    refused = await kv.limiter.hit("u1", 0, 60)
+    assert (refused.allowed, refused.remaining, refused.retry_after_s) == (False, 0, 60)
+
+
+async def test_hits_leave_the_window_and_refused_hits_are_not_counted(kv: KvHarness) -> None:
+    window = 0.2
+    assert (await kv.limiter.hit("u1", 2, window)).allowed  # A
+    await kv.pass_time(window / 2)
+    assert (await kv.limiter.hit("u1", 2, window)).allowed  # B
+    refused = await kv.limiter.hit("u1", 2, window)  # C, not recorded
+    assert not refused.allowed
+    assert refused.retry_after_s is not None
+    assert 0 < refused.retry_after_s <= window
+    await kv.pass_time(window / 2)
+    # A left the window; B is still in it. Had C been counted, D would be refused.
+    assert (await kv.limiter.hit("u1", 2, window)).allowed  # D
+
+
+# --- Alert throttle --------------------------------------------------------------------------
+
+
+async def test_one_alert_slot_per_user_per_period(kv: KvHarness) -> None:
+    assert await kv.throttle.try_claim("u1", 3600)
+    assert not await kv.throttle.try_claim("u1", 3600)
+    assert await kv.throttle.try_claim("u2", 3600)
+    assert_ttl(await kv.ttl_s("throttle", "u1"), 3600)
+    await kv.lapse("throttle", "u1")
+    assert await kv.throttle.try_claim("u1", 3600)
+
+
+async def test_a_released_slot_can_be_claimed_again(kv: KvHarness) -> None:
+    assert await kv.throttle.try_claim("u1", 3600)
+    await kv.throttle.release("u1")
+    await kv.throttle.release("u1")
+    assert await kv.throttle.try_claim("u1", 3600)
+
+
+async def test_a_zero_period_never_blocks(kv: KvHarness) -> None:
+    assert await kv.throttle.try_claim("u1", 0)
+    assert await kv.throttle.try_claim("u1", 0)
+
+
+async def test_concurrent_claims_of_one_slot_give_exactly_one(kv: KvHarness) -> None:
+    claims = await asyncio.gather(*(kv.throttle.try_claim("u1", 3600) for _ in range(50)))
+    assert claims.count(True) == 1
+
+
+# --- Order queue and worker directory --------------------------------------------------------
+
+
+async def test_push_needs_the_active_mark(kv: KvHarness) -> None:
+    assert not await kv.queue.push(order_request("r1"))
+    assert await kv.queue.take("u1", 0) is None
+    await kv.directory.mark_active("u1", 30)
+    assert await kv.queue.push(order_request("r1"))
+    assert await kv.queue.take("u1", 0) == order_request("r1")
+
+
+async def test_requests_are_taken_in_push_order_per_user(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    await kv.directory.mark_active("u2", 30)
+    pushed = [
+        order_request("a1"),
+        order_request("b1", "u2"),
+        order_request("a2"),
+        order_request("b2", "u2"),
+    ]
+    for request in pushed:
+        assert await kv.queue.push(request)
+
+    async def ids(user_id: str) -> list[str]:
+        taken = [await kv.queue.take(user_id, 0) for _ in range(3)]
+        return [t.request_id if t else "-" for t in taken]
+
+    assert await ids("u2") == ["b1", "b2", "-"]
+    assert await ids("u1") == ["a1", "a2", "-"]
+
+
+async def test_take_waits_for_a_push(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    taker = asyncio.create_task(kv.queue.take("u1", NEVER_S))
+    await asyncio.sleep(0.01)
+    assert not taker.done()
+    assert await kv.queue.push(order_request("r1"))
+    assert await taker == order_request("r1")
+
+
+async def test_many_waiting_takes_each_get_their_users_request(kv: KvHarness) -> None:
+    users = [f"u{i}" for i in range(20)]
+    for user in users:
+        await kv.directory.mark_active(user, 30)
+    takers = [asyncio.create_task(kv.queue.take(user, NEVER_S)) for user in users]
+    await asyncio.sleep(0.01)
+    for user in reversed(users):
+        assert await kv.queue.push(order_request(f"r-{user}", user))
+    taken = await asyncio.gather(*takers)
+    assert taken == [order_request(f"r-{user}", user) for user in users]
+
+
+async def test_take_gives_up_after_its_timeout(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    assert await kv.queue.take("u1", 0.05) is None
+    assert await kv.queue.take("u1", 0) is None
+
+
+async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    for rid in ("r1", "r2", "r3"):
+        await kv.queue.push(order_request(rid))
+    first = await kv.queue.take("u1", 0)
+    second = await kv.queue.take("u1", 0)
+    assert first is not None and second is not None
+    # The worker dies here: nothing completes. A new worker finds both, oldest first.
+    assert await kv.queue.in_flight("u1") == [order_request("r1"), order_request("r2")]
+    assert await kv.queue.in_flight("u2") == []
+
+    await kv.queue.complete(first, order_result(first))
+    assert await kv.queue.in_flight("u1") == [order_request("r2")]
+    await kv.queue.complete(second, order_result(second))
+    assert await kv.queue.in_flight("u1") == []
+    assert await kv.queue.take("u1", 0) == order_request("r3")
+
+
+async def test_a_reply_that_came_before_the_wait_is_returned_once(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    await kv.queue.push(order_request("r1"))
+    taken = await kv.queue.take("u1", 0)
+    assert taken is not None
+    await kv.queue.complete(taken, order_result(taken))
+    assert await kv.queue.wait_result("r1", 0) == order_result(taken)
+    assert await kv.queue.wait_result("r1", 0) is None
+
+
+async def test_a_second_completion_replaces_the_reply(kv: KvHarness) -> None:
+    request = order_request("r1")
+    first = order_result(request)
+    second = attrs.evolve(first, broker_refs=("b-2",))
+    await kv.queue.complete(request, first)
+    await kv.queue.complete(request, second)
+    assert await kv.queue.wait_result("r1", 0) == second
+    assert await kv.queue.wait_result("r1", 0) is None
+
+
+async def test_wait_result_wakes_on_the_reply(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    await kv.queue.push(order_request("r1"))
+    waiter = asyncio.create_task(kv.queue.wait_result("r1", NEVER_S))
+    await asyncio.sleep(0.01)
+    taken = await kv.queue.take("u1", 0)
+    assert taken is not None
+    await kv.queue.complete(taken, order_result(taken))
+    assert await waiter == order_result(taken)
+
+
+async def test_wait_result_returns_none_after_its_timeout(kv: KvHarness) -> None:
+    assert await kv.queue.wait_result("nobody", 0.05) is None
+    assert await kv.queue.wait_result("nobody", 0) is None
+
+
+async def test_an_uncollected_reply_expires(kv: KvHarness) -> None:
+    request = order_request("r1")
+    await kv.queue.complete(request, order_result(request))
+    assert_ttl(await kv.ttl_s("reply", "r1"), 60)
+    await kv.lapse("reply", "r1")
+    assert await kv.queue.wait_result("r1", 0) is None
+
+
+async def test_the_active_mark_lives_for_its_ttl_and_is_refreshed(kv: KvHarness) -> None:
+    assert not await kv.directory.is_active("u1")
+    await kv.directory.mark_active("u1", 30)
+    assert await kv.directory.is_active("u1")
+    assert_ttl(await kv.ttl_s("mark", "u1"), 30)
+    await kv.directory.mark_active("u1", 90)
+    assert_ttl(await kv.ttl_s("mark", "u1"), 90)
+    await kv.lapse("mark", "u1")
+    assert not await kv.directory.is_active("u1")
+    assert not await kv.queue.push(order_request("r1"))
+
+
+async def test_clear_active_removes_the_mark(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    await kv.directory.clear_active("u1")
+    await kv.directory.clear_active("u1")
+    assert not await kv.directory.is_active("u1")
+
+
+async def test_start_requests_are_fifo_and_deduplicated_while_pending(kv: KvHarness) -> None:
+    await kv.directory.request_start("u1")
+    await kv.directory.request_start("u2")
+    await kv.directory.request_start("u1")
+    assert await kv.directory.next_start_request(0) == "u1"
+    await kv.directory.request_start("u1")  # no longer pending: a new request
+    assert await kv.directory.next_start_request(0) == "u2"
+    assert await kv.directory.next_start_request(NEVER_S) == "u1"
+    assert await kv.directory.next_start_request(0.05) is None
+
+
+async def test_next_start_request_wakes_on_a_request(kv: KvHarness) -> None:
+    waiter = asyncio.create_task(kv.directory.next_start_request(NEVER_S))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await kv.directory.request_start("u1")
+    assert await waiter == "u1"
+    await kv.directory.request_start("u1")  # the pending entry was cleared with the pop
+    assert await kv.directory.next_start_request(0) == "u1"
+
+
+async def test_concurrent_start_requests_of_one_user_queue_one(kv: KvHarness) -> None:
+    await asyncio.gather(*(kv.directory.request_start("u1") for _ in range(20)))
+    assert await kv.directory.next_start_request(0) == "u1"
+    assert await kv.directory.next_start_request(0) is None
+
+
+async def test_wait_active_wakes_on_the_mark(kv: KvHarness) -> None:
+    waiters = [asyncio.create_task(kv.directory.wait_active("u1", NEVER_S)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiters)
+    await kv.directory.mark_active("u1", 30)
+    assert await asyncio.gather(*waiters) == [True, True]
+
+
+async def test_wait_active_is_immediate_when_marked_and_false_after_timeout(
+    kv: KvHarness,
+) -> None:
+    assert not await kv.directory.wait_active("u1", 0.05)
+    await kv.directory.mark_active("u2", 30)
+    assert not await kv.directory.wait_active("u1", 0)
+    assert await kv.directory.wait_active("u2", 0)
+
+
+async def test_retire_keeps_the_mark_while_a_request_waits(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    await kv.queue.push(order_request("r1"))
+    assert not await kv.directory.retire("u1")
+    assert await kv.directory.is_active("u1")
+    assert await kv.queue.take("u1", 0) is not None
+    assert await kv.directory.retire("u1")
+    assert not await kv.directory.is_active("u1")
+    assert not await kv.queue.push(order_request("r2"))
+
+
+async def test_no_push_is_stranded_by_a_concurrent_retire(kv: KvHarness) -> None:
+    await kv.directory.mark_active("u1", 30)
+    requests = [order_request(f"r{i}") for i in range(30)]
+    outcomes = await asyncio.gather(
+        *(kv.queue.push(r) for r in requests[:15]),
+        kv.directory.retire("u1"),
+        *(kv.queue.push(r) for r in requests[15:]),
+    )
+    pushed = [r for r, ok in zip(requests, outcomes[:15] + outcomes[16:], strict=True) if ok]
+    retired = outcomes[15]
+    taken = []
+    while (request := await kv.queue.take("u1", 0)) is not None:
+        taken.append(request)
+    # Concurrent pushes have no defined order among themselves; none is lost or left behind.
+    assert sorted(r.request_id for r in taken) == sorted(r.request_id for r in pushed)
+    assert await kv.queue.take("u1", 0) is None
+    # A retire that succeeded saw an empty list, and nothing was pushed after it.
+    if retired:
+        assert pushed == []
+    else:
+        assert await kv.directory.is_active("u1")

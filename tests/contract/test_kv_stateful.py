@@ -1,0 +1,246 @@
+"""The memory and the Redis adapters side by side: same operations, same answers.
+
+Hypothesis state machines drive the order queue with the worker directory and the replay
+store (and, separately, the order-tasks queue) through random sequences of calls on both
+technologies at once. They compare every answer and, after every step, the marks, in-flight
+lists and replay keys (or the dead letters) of every user. Time does not pass for the
+adapters (no call waits, every TTL outlives a run), so both sides see the same world.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import ClassVar, TypeVar
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from redis_fixtures import (
+    KvHarness,
+    MemoryHarness,
+    RedisHarness,
+    fill_task,
+    order_request,
+    order_result,
+)
+
+from tradecore.ports.messaging import FillDelivery, FillTaskQueue
+from tradecore_adapters.redis import open_connections
+
+T = TypeVar("T")
+
+USER_IDS = ("u1", "u2")
+FINGERPRINT_IDS = ("fp1", "fp2", "fp3")
+USERS = st.sampled_from(USER_IDS)
+FINGERPRINTS = st.sampled_from(FINGERPRINT_IDS)
+PICK = st.integers(min_value=0, max_value=7)
+DELAYS = st.sampled_from([0.0, 3600.0])
+
+
+async def _coroutine(step: Awaitable[T]) -> T:
+    return await step
+
+
+class SideBySide(RuleBasedStateMachine):
+    """Every rule runs on both harnesses and asserts equal answers."""
+
+    url: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.connections = open_connections(self.url)
+        self.run(self.connections.commands.flushdb())
+        self.memory = MemoryHarness()
+        self.redis = RedisHarness(self.connections)
+        self.pushed = 0
+        self.completed: list[str] = []
+
+    def run(self, step: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(_coroutine(step))
+
+    def both(self, op: Callable[[KvHarness], Awaitable[T]]) -> T:
+        async def call(harness: KvHarness) -> T:
+            return await op(harness)
+
+        expected = self.run(call(self.memory))
+        actual = self.run(call(self.redis))
+        assert actual == expected, f"redis answered {actual!r}, memory {expected!r}"
+        return expected
+
+    def teardown(self) -> None:
+        try:
+            self.run(self.redis.aclose())
+            self.run(self.connections.aclose())
+        finally:
+            self.loop.close()
+
+    @invariant()
+    def same_view(self) -> None:
+        """After every step both sides show the same marks, in-flight lists and replay keys."""
+
+        async def view(harness: KvHarness) -> list[object]:
+            seen: list[object] = []
+            for user in USER_IDS:
+                seen.append(await harness.directory.is_active(user))
+                seen.append(await harness.directory.wait_active(user, 0))
+                seen.append(await harness.queue.in_flight(user))
+            for fingerprint in FINGERPRINT_IDS:
+                seen.append(await harness.ttl_s("replay", fingerprint) is not None)
+            return seen
+
+        self.both(view)
+
+    # --- worker directory ---
+
+    @rule(user=USERS)
+    def mark_active(self, user: str) -> None:
+        self.both(lambda h: h.directory.mark_active(user, 60))
+
+    @rule(user=USERS)
+    def clear_active(self, user: str) -> None:
+        self.both(lambda h: h.directory.clear_active(user))
+
+    @rule(user=USERS)
+    def retire(self, user: str) -> None:
+        self.both(lambda h: h.directory.retire(user))
+
+    @rule(user=USERS)
+    def request_start(self, user: str) -> None:
+        self.both(lambda h: h.directory.request_start(user))
+
+    @rule()
+    def next_start_request(self) -> None:
+        self.both(lambda h: h.directory.next_start_request(0))
+
+    # --- order queue ---
+
+    @rule(user=USERS)
+    def push(self, user: str) -> None:
+        self.pushed += 1
+        request = order_request(f"r{self.pushed}", user)
+        self.both(lambda h: h.queue.push(request))
+
+    @rule(user=USERS, count=st.integers(min_value=1, max_value=3))
+    def activate_and_push(self, user: str, count: int) -> None:
+        self.mark_active(user)
+        for _ in range(count):
+            self.push(user)
+
+    @rule(user=USERS)
+    def take(self, user: str) -> None:
+        self.both(lambda h: h.queue.take(user, 0))
+
+    @rule(user=USERS, pick=PICK)
+    def complete(self, user: str, pick: int) -> None:
+        taken = self.both(lambda h: h.queue.in_flight(user))
+        if not taken:
+            return
+        request = taken[pick % len(taken)]
+        self.both(lambda h: h.queue.complete(request, order_result(request)))
+        self.completed.append(request.request_id)
+
+    @rule(pick=PICK)
+    def collect(self, pick: int) -> None:
+        if not self.completed:
+            return
+        request_id = self.completed[pick % len(self.completed)]
+        self.both(lambda h: h.queue.wait_result(request_id, 0))
+
+    # --- replay store ---
+
+    @rule(fingerprint=FINGERPRINTS, ttl=st.sampled_from([60, 300, 86_400]))
+    def claim(self, fingerprint: str, ttl: int) -> None:
+        self.both(lambda h: h.replay.claim(fingerprint, ttl))
+
+    @rule(fingerprint=FINGERPRINTS)
+    def release(self, fingerprint: str) -> None:
+        self.both(lambda h: h.replay.release(fingerprint))
+
+
+class FifoSideBySide(RuleBasedStateMachine):
+    """The order-tasks queue on both technologies. Delays are 0 or an hour, so nothing
+    becomes visible or times out by the clock during a run."""
+
+    url: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.connections = open_connections(self.url)
+        self.loop.run_until_complete(self.connections.commands.flushdb())
+        self.memory = MemoryHarness().tasks()
+        self.redis = RedisHarness(self.connections).tasks()
+        self.sent = 0
+        self.deliveries: list[FillDelivery] = []
+
+    def both(self, op: Callable[[FillTaskQueue], Awaitable[T]]) -> T:
+        async def call(queue: FillTaskQueue) -> T:
+            return await op(queue)
+
+        expected = self.loop.run_until_complete(call(self.memory))
+        actual = self.loop.run_until_complete(call(self.redis))
+        assert actual == expected, f"redis answered {actual!r}, memory {expected!r}"
+        return expected
+
+    def teardown(self) -> None:
+        try:
+            self.loop.run_until_complete(self.connections.aclose())
+        finally:
+            self.loop.close()
+
+    @invariant()
+    def same_dead_letters(self) -> None:
+        self.both(lambda q: q.dead_letters())
+
+    @rule(user=USERS, delay=DELAYS)
+    def send(self, user: str, delay: float) -> None:
+        self.sent += 1
+        task = fill_task(f"o{self.sent}", user)
+        self.both(lambda q: q.send(task, delay))
+
+    @rule()
+    def receive(self) -> None:
+        delivery = self.both(lambda q: q.receive(0))
+        if delivery is not None:
+            self.deliveries.append(delivery)
+
+    @rule(pick=PICK)
+    def ack(self, pick: int) -> None:
+        if self.deliveries:
+            delivery = self.deliveries[pick % len(self.deliveries)]
+            self.both(lambda q: q.ack(delivery))
+
+    @rule(pick=PICK, delay=DELAYS)
+    def retry(self, pick: int, delay: float) -> None:
+        if self.deliveries:
+            delivery = self.deliveries[pick % len(self.deliveries)]
+            self.both(lambda q: q.retry(delivery, delay))
+
+    @rule(pick=PICK, reason=st.sampled_from(["pending", 'a "quoted" / reason']))
+    def dead_letter(self, pick: int, reason: str) -> None:
+        if self.deliveries:
+            delivery = self.deliveries[pick % len(self.deliveries)]
+            self.both(lambda q: q.dead_letter(delivery, reason))
+
+
+STATEFUL = settings(settings.get_profile("ci"), stateful_step_count=40)
+
+
+@pytest.mark.redis
+def test_memory_and_redis_give_the_same_answers(redis_url: str) -> None:
+    SideBySide.url = redis_url
+    run_state_machine_as_test(SideBySide, settings=STATEFUL)
+
+
+@pytest.mark.redis
+def test_memory_and_redis_fifo_queues_give_the_same_answers(redis_url: str) -> None:
+    FifoSideBySide.url = redis_url
+    run_state_machine_as_test(FifoSideBySide, settings=STATEFUL)
