@@ -1,13 +1,17 @@
-"""The paper broker in real mode: books survive a worker restart and a move to another host."""
+"""The paper broker in real mode: books survive a worker restart and a move to another host;
+simulated network conditions (latency, dropped lines)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from tradecore.broker import BrokerOrderStatus
+from tradecore.errors import BrokerDisconnected
 from tradecore.orders import Side
-from tradecore.testing.clock import FakeClock
-from tradecore_adapters.brokers.paper import PaperExchange
+from tradecore.testing.clock import FakeClock, FakeSleeper
+from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.memory.documents import MemoryDocumentStore
 
@@ -75,3 +79,24 @@ async def test_simulated_orders_keep_their_own_persistent_book() -> None:
 
     assert await live.positions() == {}
     assert await replayed_simulation.positions() == {"BTCUSDT": Decimal(1)}
+
+
+async def test_simulated_conditions_delay_every_call_and_drop_the_line() -> None:
+    clock = FakeClock()
+    sleeper = FakeSleeper(clock)
+    broker = PaperBroker(
+        PaperExchange(),
+        ACCOUNT,
+        clock,
+        conditions=PaperConditions(latency_s=0.05, disconnect_every=3),
+        sleeper=sleeper,
+    )
+    await broker.connect()
+    await broker.positions()
+    await broker.positions()
+
+    with pytest.raises(BrokerDisconnected):
+        await broker.positions()  # the third call finds the line dropped
+    await broker.connect()
+    assert await broker.positions() == {}
+    assert sleeper.slept == [0.05] * 6

@@ -22,11 +22,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import attrs
 import cattrs
 
 from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.orders import OrderError, RejectionCode, Side
-from tradecore.ports.runtime import Clock
+from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.book import Account, Holding, PaperOrder, reducible
 from tradecore_adapters.brokers.catalogue import Instrument, PositionMode, default_catalogue
 from tradecore_adapters.brokers.links import Links
@@ -51,6 +52,7 @@ class PaperExchange:
             default_cash=default_cash,
         )
         self.links = Links()
+        self.calls_made = 0  # counted only under PaperConditions.disconnect_every
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -309,31 +311,54 @@ class PaperExchange:
         )
 
 
+@attrs.frozen
+class PaperConditions:
+    """Simulated network conditions of a paper exchange: ``latency_s`` before every call, and
+    a dropped connection on every ``disconnect_every``-th call (0: never). Operators set them
+    (PAPER_BROKER_LATENCY_MS, PAPER_BROKER_DISCONNECT_EVERY) to rehearse slow or flaky
+    brokers; the defaults are a perfect broker."""
+
+    latency_s: float = 0.0
+    disconnect_every: int = 0
+
+
 class PaperBroker:
     """One account's connection to a ``PaperExchange`` (``tradecore.broker.Broker``).
 
     Calls raise ``BrokerDisconnected`` until ``connect`` has been called, and after the
-    exchange drops the connection (``PaperExchange.disconnect``).
+    exchange drops the connection (``PaperExchange.disconnect``). With ``conditions`` and a
+    ``sleeper`` every call first waits the simulated latency and may find the line dropped.
     """
 
-    def __init__(self, exchange: PaperExchange, account_id: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        exchange: PaperExchange,
+        account_id: str,
+        clock: Clock,
+        *,
+        conditions: PaperConditions | None = None,
+        sleeper: Sleeper | None = None,
+    ) -> None:
         self.exchange = exchange
         self.account_id = account_id
         self._clock = clock
+        self._conditions = conditions or PaperConditions()
+        self._sleeper = sleeper
 
     @property
     def name(self) -> str:
         return "paper"
 
     async def connect(self) -> None:
+        await self._travel()
         self.exchange.links.connect(self.account_id)
 
     async def instruments(self) -> frozenset[str]:
-        self.exchange.links.check(self.account_id)
+        await self._arrive()
         return self.exchange.symbols()
 
     async def positions(self) -> Mapping[str, Decimal]:
-        self.exchange.links.check(self.account_id)
+        await self._arrive()
         return self.exchange.positions(self.account_id)
 
     async def place_order(
@@ -345,7 +370,7 @@ class PaperBroker:
         *,
         reduce_only: bool = False,
     ) -> BrokerOrder:
-        self.exchange.links.check(self.account_id)
+        await self._arrive()
         return self.exchange.place(
             self.account_id,
             client_order_id,
@@ -357,5 +382,19 @@ class PaperBroker:
         )
 
     async def order_status(self, client_order_id: str) -> BrokerOrder | None:
-        self.exchange.links.check(self.account_id)
+        await self._arrive()
         return self.exchange.order_status(self.account_id, client_order_id)
+
+    async def _travel(self) -> None:
+        if self._conditions.latency_s > 0 and self._sleeper is not None:
+            await self._sleeper.sleep(self._conditions.latency_s)
+
+    async def _arrive(self) -> None:
+        """The simulated trip to the exchange; raises BrokerDisconnected on a dropped line."""
+        await self._travel()
+        every = self._conditions.disconnect_every
+        if every > 0:
+            self.exchange.calls_made += 1
+            if self.exchange.calls_made % every == 0:
+                self.exchange.disconnect(self.account_id)
+        self.exchange.links.check(self.account_id)

@@ -15,8 +15,8 @@ from decimal import Decimal
 from tradecore.broker import BrokerOrder
 from tradecore.orders import Side
 from tradecore.ports.documents import DocumentStore
-from tradecore.ports.runtime import Clock
-from tradecore_adapters.brokers.paper import PaperBroker, PaperExchange
+from tradecore.ports.runtime import Clock, Sleeper
+from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
 
 
@@ -31,11 +31,15 @@ class PersistentPaperBroker:
         clock: Clock,
         *,
         book: str,
+        conditions: PaperConditions | None = None,
+        sleeper: Sleeper | None = None,
     ) -> None:
         self._exchange = exchange
         self._store = store
         self._account_id = account_id
-        self._inner = PaperBroker(exchange, account_id, clock)
+        self._inner = PaperBroker(
+            exchange, account_id, clock, conditions=conditions, sleeper=sleeper
+        )
         self._prefix = f"paper:{book}:{account_id}"
         self._loaded = False
 
@@ -107,25 +111,28 @@ class PersistentPaperBrokerFactory:
         simulation_exchange: PaperExchange,
         store: DocumentStore,
         clock: Clock,
+        *,
+        conditions: PaperConditions | None = None,
+        sleeper: Sleeper | None = None,
     ) -> None:
         self._exchange = exchange
         self._simulation_exchange = simulation_exchange
         self._store = store
         self._clock = clock
+        self._conditions = conditions
+        self._sleeper = sleeper
 
     def open(
         self, trading_account_id: str, broker_name: str, *, simulation: bool
     ) -> PersistentPaperBroker:
-        if simulation:
-            return PersistentPaperBroker(
-                self._simulation_exchange,
-                self._store,
-                trading_account_id,
-                self._clock,
-                book="simulation",
-            )
-        if broker_name != PAPER:
+        if not simulation and broker_name != PAPER:
             raise ValueError(f"unknown broker {broker_name!r}")
         return PersistentPaperBroker(
-            self._exchange, self._store, trading_account_id, self._clock, book="live"
+            self._simulation_exchange if simulation else self._exchange,
+            self._store,
+            trading_account_id,
+            self._clock,
+            book="simulation" if simulation else "live",
+            conditions=self._conditions,
+            sleeper=self._sleeper,
         )

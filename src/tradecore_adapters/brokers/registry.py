@@ -6,8 +6,8 @@ on another, so a simulation never moves the real book.
 
 from __future__ import annotations
 
-from tradecore.ports.runtime import Clock
-from tradecore_adapters.brokers.paper import PaperBroker, PaperExchange
+from tradecore.ports.runtime import Clock, Sleeper
+from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 
 PAPER = "paper"
 
@@ -16,20 +16,33 @@ class PaperBrokerFactory:
     """Opens paper connections: ``simulation`` always uses the simulation exchange."""
 
     def __init__(
-        self, exchange: PaperExchange, simulation_exchange: PaperExchange, clock: Clock
+        self,
+        exchange: PaperExchange,
+        simulation_exchange: PaperExchange,
+        clock: Clock,
+        *,
+        conditions: PaperConditions | None = None,
+        sleeper: Sleeper | None = None,
     ) -> None:
         self._exchange = exchange
         self._simulation_exchange = simulation_exchange
         self._clock = clock
+        self._conditions = conditions
+        self._sleeper = sleeper
 
     def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> PaperBroker:
         """A new, not yet connected broker for the account; raises ValueError for a broker
         name other than ``paper`` on a real order (no other broker exists here)."""
-        if simulation:
-            return PaperBroker(self._simulation_exchange, trading_account_id, self._clock)
-        if broker_name != PAPER:
+        exchange = self._simulation_exchange if simulation else self._exchange
+        if not simulation and broker_name != PAPER:
             raise ValueError(f"unknown broker {broker_name!r}")
-        return PaperBroker(self._exchange, trading_account_id, self._clock)
+        return PaperBroker(
+            exchange,
+            trading_account_id,
+            self._clock,
+            conditions=self._conditions,
+            sleeper=self._sleeper,
+        )
 
 
 class PaperInstrumentDirectory:
