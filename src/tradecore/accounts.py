@@ -2,7 +2,8 @@
 
 The webhook token and secret are shown to the user once and stored only as SHA-256 hex
 digests (``webhook_token_hash``, ``webhook_secret_hash``); the secret layer compares the
-digest of the presented secret with the stored digest in constant time.
+digest of the presented secret with the stored digest in constant time. Broker credentials are
+stored only encrypted (``encrypted_credentials``, AES-GCM bound to the account id).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class TradingAccount:
 
     ``allowed_symbols`` empty means: any symbol the broker lists. ``max_quantity`` bounds one
     order's quantity. ``credentials_verified`` is set when the broker accepted the credentials.
+    ``encrypted_credentials`` is the ciphertext of the broker credentials (a JSON object of
+    strings) under the ``CredentialCipher`` with the account id as associated data, or None
+    when none were given (the paper broker needs none); it never appears in a repr.
     """
 
     id: str
@@ -35,3 +39,4 @@ class TradingAccount:
     max_quantity: Decimal = Decimal(1_000_000)
     credentials_verified: bool = False
     deleted: bool = False
+    encrypted_credentials: bytes | None = attrs.field(default=None, repr=False)

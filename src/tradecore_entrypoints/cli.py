@@ -14,16 +14,21 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import click
+import psycopg
 from aiohttp import web
 
 from tradecore.audit import RequestContext
+from tradecore.audit_chain import GENESIS, BreakKind, ChainBreak, SealedEntry, seal
+from tradecore.errors import StoreUnavailable
 from tradecore.identity import Plan, User
+from tradecore.ports.repositories import AuditLog
 from tradecore.sessions import normalize_email
 from tradecore_adapters.http import runner_options
+from tradecore_adapters.postgres import PostgresAuditLog, migrate, open_pool
 from tradecore_entrypoints.container import (
     Application,
     ConfigError,
@@ -32,6 +37,7 @@ from tradecore_entrypoints.container import (
     embedded_system,
     make_app,
 )
+from tradecore_entrypoints.production import build_worker_system
 
 log = logging.getLogger("tradecore.serve")
 
@@ -42,6 +48,11 @@ EMBEDDED_ADMIN = (
     "admin commands need DATABASE_URL: the embedded runtime keeps its data inside the serving "
     "process (use `tradecore serve --demo` for a ready user and account)"
 )
+EMBEDDED_VERIFY = (
+    "verify-audit needs DATABASE_URL: the embedded runtime keeps its audit log in the memory "
+    "of the serving process, so there is no stored chain to verify"
+)
+VERIFY_BATCH = 1000
 
 
 def _fail(reason: str) -> NoReturn:
@@ -103,6 +114,76 @@ def _admin_container() -> Application:
         _fail(str(e))
 
 
+def _run_admin(
+    container: Application, work: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Run one admin action with the runtime's connections open; one-line failures."""
+
+    async def run() -> dict[str, Any]:
+        async with embedded_system(container).running(verify_fills=False):
+            return await work()
+
+    try:
+        return asyncio.run(run())
+    except ValueError as e:
+        _fail(str(e))
+    except StoreUnavailable as e:
+        _fail(f"store unavailable: {e}")
+
+
+@main.command("migrate")
+def migrate_command() -> None:
+    """Apply the Postgres schema migrations (idempotent); prints {"applied": [...]}."""
+    try:
+        settings = Settings.from_env()
+        if settings.database_url is None:
+            raise ConfigError("DATABASE_URL is required for migrate")
+        applied = asyncio.run(migrate(settings.database_url))
+    except ConfigError as e:
+        _fail(str(e))
+    except StoreUnavailable as e:
+        _fail(f"database unavailable: {e}")
+    click.echo(json.dumps({"applied": applied}))
+
+
+@main.command()
+def worker() -> None:
+    """Run a worker host: per-user workers (under leases), fill verification, paper books."""
+    try:
+        settings = Settings.from_env()
+        if settings.database_url is None or settings.redis_url is None:
+            raise ConfigError("tradecore worker needs DATABASE_URL and REDIS_URL")
+        asyncio.run(run_worker(settings))
+    except ConfigError as e:
+        _fail(str(e))
+    except StoreUnavailable as e:
+        _fail(f"store unavailable: {e}")
+    except KeyboardInterrupt:
+        pass
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Start a worker host, run until ``stop`` is set or SIGINT/SIGTERM arrives, stop."""
+    assert settings.database_url is not None and settings.redis_url is not None
+    system = build_worker_system(
+        settings.database_url,
+        settings.redis_url,
+        host_settings=settings.worker_host_settings(),
+        conditions=settings.paper_conditions(),
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    await system.start()
+    log.warning("tradecore worker host %s running", system.host.holder)
+    try:
+        await stop.wait()
+    finally:
+        await system.stop()
+
+
 @admin.command("create-user")
 @click.option("--email", required=True)
 @click.option("--password-stdin", is_flag=True, required=True, help="Read the password from stdin.")
@@ -112,10 +193,9 @@ def create_user(email: str, password_stdin: bool, plan: str, accept_terms: bool)
     """Create a user; prints {"user_id": ...}."""
     container = _admin_container()
     password = sys.stdin.readline().rstrip("\r\n")
-    try:
-        result = asyncio.run(admin_create_user(container, email, password, plan, accept_terms))
-    except ValueError as e:
-        _fail(str(e))
+    result = _run_admin(
+        container, lambda: admin_create_user(container, email, password, plan, accept_terms)
+    )
     click.echo(json.dumps(result))
 
 
@@ -127,10 +207,9 @@ def create_user(email: str, password_stdin: bool, plan: str, accept_terms: bool)
 def create_account(email: str, name: str, broker: str, verified: bool) -> None:
     """Create a trading account; prints its id, webhook URL, token and secret."""
     container = _admin_container()
-    try:
-        result = asyncio.run(admin_create_account(container, email, name, broker, verified))
-    except ValueError as e:
-        _fail(str(e))
+    result = _run_admin(
+        container, lambda: admin_create_account(container, email, name, broker, verified)
+    )
     click.echo(json.dumps(result))
 
 
@@ -139,11 +218,40 @@ def create_account(email: str, name: str, broker: str, verified: bool) -> None:
 def revoke_sessions(email: str) -> None:
     """Revoke every session of a user."""
     container = _admin_container()
-    try:
-        result = asyncio.run(admin_revoke_sessions(container, email))
-    except ValueError as e:
-        _fail(str(e))
+    result = _run_admin(container, lambda: admin_revoke_sessions(container, email))
     click.echo(json.dumps(result))
+
+
+@admin.command("verify-audit")
+@click.option(
+    "--expect-head",
+    default=None,
+    metavar="SEAL",
+    help="A head printed by an earlier run: fail unless the chain still holds that entry.",
+)
+def verify_audit(expect_head: str | None) -> None:
+    """Walk the sealed audit chain. Prints {"ok": true, "entries", "head"} and exits 0, or
+    the first entry that does not hold ({"ok": false, "entry_id", "kind", "detail"}) and
+    exits 1."""
+    try:
+        settings = Settings.from_env()
+    except ConfigError as e:
+        _fail(str(e))
+    if settings.database_url is None:
+        _fail(EMBEDDED_VERIFY)
+    if expect_head is not None and not _is_seal(expect_head):
+        _fail("--expect-head must be a seal: 64 lowercase hexadecimal characters")
+    if logging.getLogger().level >= logging.WARNING:
+        # the pool warns at every failed connection attempt; the reason comes as one line
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    try:
+        result = asyncio.run(verify_audit_database(settings.database_url, expect_head))
+    except StoreUnavailable as e:
+        _fail(f"cannot read the audit log: {e}")
+    except psycopg.errors.UndefinedTable:
+        _fail("the audit log tables are missing: run `tradecore migrate`")
+    click.echo(json.dumps(result))
+    sys.exit(0 if result["ok"] else 1)
 
 
 # --- what the commands do (async, over a container, so tests drive them directly) ------------
@@ -197,6 +305,71 @@ async def admin_revoke_sessions(container: Application, email: str) -> dict[str,
     user = await _user_by_email(container, email)
     revoked = await container.services.auth().revoke_all_sessions(user.id, ADMIN_CONTEXT)
     return {"user_id": user.id, "sessions_revoked": revoked}
+
+
+def _is_seal(text: str) -> bool:
+    return len(text) == len(GENESIS) and all(c in "0123456789abcdef" for c in text)
+
+
+def _chain_break(previous: str, stored: SealedEntry) -> ChainBreak | None:
+    """``first_break`` for one entry that must follow the seal ``previous``."""
+    if stored.previous != previous:
+        return ChainBreak(
+            stored.id,
+            BreakKind.UNLINKED,
+            "does not follow the previous entry: an entry before it was removed or moved",
+        )
+    if seal(stored.previous, stored.entry) != stored.seal:
+        return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
+    return None
+
+
+async def verify_audit_chain(
+    audit: AuditLog, *, expect_head: str | None = None, batch: int = VERIFY_BATCH
+) -> dict[str, Any]:
+    """``admin verify-audit`` over any AuditLog: walks the chain oldest first, ``batch``
+    entries at a time. ``{"ok": true, "entries", "head"}`` (head: the newest seal, GENESIS
+    for an empty log) when every entry holds and, with ``expect_head``, the chain still holds
+    the entry sealed so; else ``{"ok": false, "entry_id", "kind", "detail"}`` for the first
+    entry that does not (kind ``altered`` or ``unlinked``; ``missing`` with entry_id None
+    when the expected entry is gone)."""
+    previous, after, count = GENESIS, 0, 0
+    seen = expect_head is None or expect_head == GENESIS
+    while entries := await audit.chain(after_id=after, limit=batch):
+        for stored in entries:
+            broken = _chain_break(previous, stored)
+            if broken is not None:
+                return {
+                    "ok": False,
+                    "entry_id": broken.entry_id,
+                    "kind": broken.kind.value,
+                    "detail": broken.detail,
+                }
+            previous, after, count = stored.seal, stored.id, count + 1
+            seen = seen or stored.seal == expect_head
+    if not seen:
+        return {
+            "ok": False,
+            "entry_id": None,
+            "kind": "missing",
+            "detail": "no entry carries the expected head: entries were removed from the end "
+            "of the chain, or the chain was sealed anew",
+        }
+    return {"ok": True, "entries": count, "head": previous}
+
+
+async def verify_audit_database(
+    database_url: str, expect_head: str | None = None, *, timeout_s: float = 5.0
+) -> dict[str, Any]:
+    """``verify_audit_chain`` over the Postgres audit log at ``database_url``. Raises
+    ``DatabaseUnavailable`` when it cannot be read within the timeouts."""
+    pool = await open_pool(
+        database_url, min_size=1, max_size=1, timeout_s=timeout_s, statement_timeout_s=60.0
+    )
+    try:
+        return await verify_audit_chain(PostgresAuditLog(pool), expect_head=expect_head)
+    finally:
+        await pool.close()
 
 
 async def seed_demo(container: Application) -> dict[str, str]:

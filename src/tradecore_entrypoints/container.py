@@ -16,10 +16,6 @@ Containers by concern:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,26 +27,39 @@ from urllib.parse import urlsplit
 import aiohttp
 import attrs
 from aiohttp import web
-from cryptography.hazmat.primitives.asymmetric import rsa
 from dependency_injector import containers, providers
 
 from tradecore.accounts import TradingAccount
+from tradecore.broker import BrokerFactory
 from tradecore.limits import PlanCaps
 from tradecore.netaddr import IPNetwork, parse_trusted_proxies
-from tradecore.ports.identity import CaptchaVerifier
+from tradecore.ports.identity import CaptchaVerifier, Mailer
 from tradecore.services.account_security import AccountSecurity, AccountSettings
 from tradecore.services.auth import Authenticator, AuthSettings
 from tradecore.services.settings import OrderSettings
+from tradecore.services.trading_accounts import TradingAccounts
 from tradecore.services.worker_host import HostSettings
+from tradecore_adapters.brokers.paper import PaperConditions, PaperExchange
+from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
 from tradecore_adapters.captcha import DisabledCaptcha
 from tradecore_adapters.captcha.turnstile import SITEVERIFY_URL, TurnstileVerifier
+from tradecore_adapters.crypto.cipher import AesGcmCipher, parse_key
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.crypto.tokens import MIN_SECRET_BYTES, JwtTokenCodec
+from tradecore_adapters.crypto.transport import RsaTransportKey
 from tradecore_adapters.http import HttpConfig, Services, create_app
+from tradecore_adapters.mail.smtp import SmtpConfigError, SmtpMailer, SmtpSettings
+from tradecore_adapters.memory.documents import MemoryDocumentStore
 from tradecore_adapters.memory.resets import MemoryPasswordResetTokens
+from tradecore_adapters.postgres import PostgresPasswordResetTokens
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
 from tradecore_entrypoints.embedded import EmbeddedSystem, build_embedded
+from tradecore_entrypoints.production import (
+    WORKER_POLL_S,
+    ProductionSystem,
+    build_api_system,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,19 @@ def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool 
     return value
 
 
+def _non_negative(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not 0 <= value < float("inf"):
+        raise ConfigError(f"{name} must be zero or positive, got {raw!r}")
+    return value
+
+
 def _origin(text: str) -> str:
     parts = urlsplit(text)
     if (
@@ -124,12 +146,29 @@ def _encryption_key(env: Mapping[str, str], required: bool) -> str | None:
             raise ConfigError("ENCRYPTION_KEY is required in production and with DATABASE_URL")
         return None
     try:
-        raw = base64.urlsafe_b64decode(key + "=" * (-len(key) % 4))
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise ConfigError("ENCRYPTION_KEY must be 32 random bytes in URL-safe base64")
+        parse_key(key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return key
+
+
+def _mail_settings(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """SMTP_URL (checked by parsing it) and MAIL_FROM, which SMTP_URL requires."""
+    smtp_url = env.get("SMTP_URL") or None
+    mail_from = (env.get("MAIL_FROM") or "").strip() or None
+    if mail_from is not None and (
+        "@" not in mail_from or any(ord(c) < 32 or ord(c) == 127 for c in mail_from)
+    ):
+        raise ConfigError("MAIL_FROM must be one e-mail address, like alerts@example.com")
+    if smtp_url is None:
+        return None, mail_from
+    try:
+        SmtpSettings.from_url(smtp_url)
+    except SmtpConfigError as e:
+        raise ConfigError(str(e)) from None
+    if mail_from is None:
+        raise ConfigError("MAIL_FROM is required when SMTP_URL is set")
+    return smtp_url, mail_from
 
 
 @attrs.frozen
@@ -160,6 +199,8 @@ class Settings:
     rate_limit_per_minute: int = 60
     plan_caps: str = "free=100,pro=1000"
     terms_version: str = "1"
+    paper_latency_ms: float = 0.0
+    paper_disconnect_every: int = 0
 
     @property
     def runtime(self) -> str:
@@ -218,6 +259,7 @@ class Settings:
         if not terms or len(terms) > 32:
             raise ConfigError("TERMS_VERSION must be 1 to 32 characters")
         cookie_domain = (env.get("COOKIE_DOMAIN") or "").strip() or None
+        smtp_url, mail_from = _mail_settings(env)
         return cls(
             production=production,
             database_url=database_url,
@@ -232,8 +274,8 @@ class Settings:
             captcha_bypass_user_agents=bypass,
             turnstile_secret=turnstile_secret,
             turnstile_verify_url=verify_url,
-            smtp_url=env.get("SMTP_URL") or None,
-            mail_from=env.get("MAIL_FROM") or None,
+            smtp_url=smtp_url,
+            mail_from=mail_from,
             access_token_minutes=int(_number(env, "ACCESS_TOKEN_EXPIRE_MINUTES", 30, integer=True)),
             refresh_token_days=int(_number(env, "REFRESH_TOKEN_EXPIRE_DAYS", 30, integer=True)),
             order_wait_s=_number(env, "ORDER_RESPONSE_WAIT_S", 30.0),
@@ -243,6 +285,8 @@ class Settings:
             rate_limit_per_minute=int(_number(env, "RATE_LIMIT_PER_MINUTE", 60, integer=True)),
             plan_caps=caps,
             terms_version=terms,
+            paper_latency_ms=_non_negative(env, "PAPER_BROKER_LATENCY_MS"),
+            paper_disconnect_every=int(_non_negative(env, "PAPER_BROKER_DISCONNECT_EVERY")),
         )
 
     def base_url(self, host: str = "127.0.0.1", port: int = 8080) -> str:
@@ -264,6 +308,16 @@ class Settings:
 
     def host_settings(self) -> HostSettings:
         return HostSettings(idle_timeout_s=self.worker_idle_timeout_s)
+
+    def worker_host_settings(self) -> HostSettings:
+        """A worker process's host: a push wakes an idle worker at once, so its blocking
+        take only needs to look at the clock now and then."""
+        return HostSettings(idle_timeout_s=self.worker_idle_timeout_s, poll_s=WORKER_POLL_S)
+
+    def paper_conditions(self) -> PaperConditions:
+        return PaperConditions(
+            latency_s=self.paper_latency_ms / 1000, disconnect_every=self.paper_disconnect_every
+        )
 
     def auth_settings(self) -> AuthSettings:
         return AuthSettings(
@@ -314,6 +368,13 @@ class HttpClient:
             self._session = None
 
 
+def make_mailer(settings: Settings) -> Mailer | None:
+    """The SMTP mailer when SMTP_URL is set; None means the runtime's logging outbox."""
+    if settings.smtp_url is None or settings.mail_from is None:
+        return None
+    return SmtpMailer(SmtpSettings.from_url(settings.smtp_url), settings.mail_from)
+
+
 def make_captcha(settings: Settings, client: HttpClient) -> CaptchaVerifier:
     if not settings.captcha_enabled or settings.turnstile_secret is None:
         return DisabledCaptcha()
@@ -323,25 +384,37 @@ def make_captcha(settings: Settings, client: HttpClient) -> CaptchaVerifier:
 
 
 class PaperAccountBroker:
-    """AccountBroker on the paper exchange: a short-lived connection per call."""
+    """AccountBroker and CredentialVerifier on the paper exchange: a short-lived connection
+    per call."""
 
-    def __init__(self, system: EmbeddedSystem) -> None:
-        self._brokers = PaperBrokerFactory(
-            system.exchange, system.simulation_exchange, system.clock
-        )
+    def __init__(self, brokers: BrokerFactory) -> None:
+        self._brokers = brokers
 
     async def positions(self, account: TradingAccount) -> Mapping[str, Decimal]:
         broker = self._brokers.open(account.id, account.broker_name, simulation=False)
         await broker.connect()
         return await broker.positions()
 
-    async def verify_credentials(self, account: TradingAccount) -> str | None:
+    async def verify(self, account: TradingAccount, credentials: Mapping[str, str]) -> str | None:
+        """CredentialVerifier: the paper broker needs no credentials and accepts any."""
         try:
             broker = self._brokers.open(account.id, account.broker_name, simulation=False)
             await broker.connect()
         except Exception as e:
             return f"The broker refused the connection ({type(e).__name__})"
         return None
+
+
+def embedded_brokers(system: EmbeddedSystem) -> BrokerFactory:
+    """The embedded system's paper exchanges, read by the API for positions and checks."""
+    return PaperBrokerFactory(system.exchange, system.simulation_exchange, system.clock)
+
+
+def production_brokers(system: ProductionSystem) -> BrokerFactory:
+    """Paper books as the worker hosts keep them in Postgres, read by the API."""
+    return PersistentPaperBrokerFactory(
+        PaperExchange(), PaperExchange(), system.documents, system.clock
+    )
 
 
 class EmbeddedReadiness:
@@ -351,20 +424,12 @@ class EmbeddedReadiness:
         return True
 
 
-def credentials_jwk(key_size: int = 2048) -> dict[str, Any]:
-    """A fresh RSA public key as a JWK (RSA-OAEP-256) for broker credentials in transit. The
-    embedded runtime makes one per process; its private half stays in this process."""
-    private = rsa.generate_private_key(public_exponent=65537, key_size=key_size)
-    numbers = private.public_key().public_numbers()
-
-    def b64(value: int) -> str:
-        raw = value.to_bytes((value.bit_length() + 7) // 8, "big")
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-    jwk = {"e": b64(numbers.e), "kty": "RSA", "n": b64(numbers.n)}
-    thumbprint = hashlib.sha256(json.dumps(jwk, separators=(",", ":")).encode()).digest()
-    kid = base64.urlsafe_b64encode(thumbprint).decode().rstrip("=")
-    return {**jwk, "alg": "RSA-OAEP-256", "use": "enc", "kid": kid}
+def make_cipher(settings: Settings) -> AesGcmCipher:
+    """AES-256-GCM for broker credentials at rest under ENCRYPTION_KEY, or (embedded default
+    only; ``Settings`` requires the key otherwise) a random key for this process."""
+    if settings.encryption_key is None:
+        return AesGcmCipher.generate()
+    return AesGcmCipher.from_urlsafe_b64(settings.encryption_key)
 
 
 # --- containers -------------------------------------------------------------------------------
@@ -386,11 +451,12 @@ class Core(containers.DeclarativeContainer):
 
 
 class EmbeddedGateways(containers.DeclarativeContainer):
-    """The embedded adapter set (memory stores, paper broker, logging outbox, in-process
-    workers) and the identity adapters."""
+    """The embedded adapter set (memory stores, paper broker, logging outbox or SMTP with
+    SMTP_URL, in-process workers) and the identity adapters."""
 
     core = providers.DependenciesContainer()
     hasher = providers.Singleton(Argon2PasswordHasher)
+    mailer = providers.Singleton(make_mailer, core.settings)
     system = providers.Singleton(
         build_embedded,
         clock=core.clock,
@@ -399,6 +465,7 @@ class EmbeddedGateways(containers.DeclarativeContainer):
         settings=core.order_settings,
         host_settings=core.host_settings,
         hasher=hasher,
+        mailer=mailer,
     )
     resets = providers.Singleton(MemoryPasswordResetTokens)
     http_client = providers.Singleton(HttpClient)
@@ -406,9 +473,46 @@ class EmbeddedGateways(containers.DeclarativeContainer):
     codec = providers.Singleton(
         JwtTokenCodec, providers.Callable(jwt_secret, core.settings, core.random), clock=core.clock
     )
-    brokers = providers.Singleton(PaperAccountBroker, system)
+    brokers = providers.Singleton(PaperAccountBroker, providers.Callable(embedded_brokers, system))
     readiness = providers.Singleton(EmbeddedReadiness)
-    public_jwk = providers.Singleton(credentials_jwk)
+    cipher = providers.Singleton(make_cipher, core.settings)
+    key_store = providers.Singleton(MemoryDocumentStore)
+    transport_key = providers.Singleton(RsaTransportKey, key_store, cipher)
+
+
+class ProductionGateways(containers.DeclarativeContainer):
+    """The Postgres and Redis adapter set of an API process (workers run in `tradecore
+    worker` processes); the same provider names as ``EmbeddedGateways``."""
+
+    core = providers.DependenciesContainer()
+    hasher = providers.Singleton(Argon2PasswordHasher)
+    mailer = providers.Singleton(make_mailer, core.settings)
+    system = providers.Singleton(
+        build_api_system,
+        core.settings.provided.database_url,
+        core.settings.provided.redis_url,
+        clock=core.clock,
+        sleeper=core.sleeper,
+        random=core.random,
+        settings=core.order_settings,
+        hasher=hasher,
+        mailer=mailer,
+    )
+    resets = providers.Singleton(
+        PostgresPasswordResetTokens, system.provided.connections.provided.pool
+    )
+    http_client = providers.Singleton(HttpClient)
+    captcha = providers.Singleton(make_captcha, core.settings, http_client)
+    codec = providers.Singleton(
+        JwtTokenCodec, providers.Callable(jwt_secret, core.settings, core.random), clock=core.clock
+    )
+    brokers = providers.Singleton(
+        PaperAccountBroker, providers.Callable(production_brokers, system)
+    )
+    readiness = system.provided.connections
+    cipher = providers.Singleton(make_cipher, core.settings)
+    key_store = system.provided.documents
+    transport_key = providers.Singleton(RsaTransportKey, key_store, cipher)
 
 
 class ServiceSet(containers.DeclarativeContainer):
@@ -440,13 +544,24 @@ class ServiceSet(containers.DeclarativeContainer):
         gateways.resets,
         gateways.hasher,
         gateways.captcha,
-        gateways.system.provided.outbox,
+        gateways.system.provided.mailer,
         gateways.system.provided.events,
         core.clock,
         core.random,
         core.auth_settings,
         core.account_settings,
         reset_throttle=gateways.system.provided.throttle,
+    )
+    instruments = providers.Singleton(PaperInstrumentDirectory, gateways.system.provided.exchange)
+    trading_accounts = providers.Singleton(
+        TradingAccounts,
+        gateways.system.provided.accounts,
+        gateways.system.provided.provisioning,
+        gateways.cipher,
+        gateways.transport_key,
+        gateways.brokers,
+        instruments,
+        gateways.system.provided.events,
     )
     http = providers.Singleton(
         Services,
@@ -459,23 +574,23 @@ class ServiceSet(containers.DeclarativeContainer):
         accounts=gateways.system.provided.accounts,
         orders=gateways.system.provided.orders,
         audit=gateways.system.provided.audit,
-        instruments=providers.Factory(PaperInstrumentDirectory, gateways.system.provided.exchange),
+        instruments=instruments,
         brokers=gateways.brokers,
         readiness=gateways.readiness,
         clock=core.clock,
-        public_jwk=gateways.public_jwk,
+        trading_accounts=trading_accounts,
+        transport_key=gateways.transport_key,
     )
 
 
 def gateways_for(settings: Settings) -> type[containers.DeclarativeContainer]:
-    """The adapter set for the configured runtime: the seam where the Redis/Postgres set
-    plugs in (``Application.gateways`` is then built from the class returned here)."""
+    """The adapter set for the configured runtime: memory without DATABASE_URL and
+    REDIS_URL, Postgres and Redis with both (one without the other is refused)."""
     if settings.runtime == "embedded":
         return EmbeddedGateways
-    raise ConfigError(
-        "DATABASE_URL/REDIS_URL: the Redis/Postgres runtime is not part of this build yet; "
-        "unset both to run the embedded default"
-    )
+    if settings.database_url is None or settings.redis_url is None:
+        raise ConfigError("DATABASE_URL and REDIS_URL go together: set both or neither")
+    return ProductionGateways
 
 
 class Application(containers.DeclarativeContainer):
@@ -491,15 +606,19 @@ def build_container(settings: Settings, *, base_url: str | None = None) -> Appli
     """The application container for ``settings`` (raises ConfigError for a runtime this
     build cannot run). Override providers (``container.core.clock.override(...)``) before
     the first use."""
-    gateways_for(settings)
+    gateways = gateways_for(settings)
     container = Application(settings=settings)
+    if gateways is not EmbeddedGateways:
+        container.gateways.override(providers.Container(gateways, core=container.core))
     container.core.base_url.override(providers.Object(base_url or settings.base_url()))
-    if settings.smtp_url is not None:
-        log.warning("SMTP_URL is set, but this build sends mail to the logging outbox only")
+    if settings.smtp_url is None and settings.production:
+        log.warning("SMTP_URL is not set: security alerts and reset mails are only logged")
     return container
 
 
 def embedded_system(container: Application) -> EmbeddedSystem:
+    """The runtime's parts (the embedded system, or the production system with the same
+    attribute names)."""
     system: EmbeddedSystem = container.gateways.system()
     return system
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 
 import attrs
 
-from tradecore.ports.identity import PasswordHasher
+from tradecore.ports.identity import Mailer, PasswordHasher
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.dashboard_order import DashboardOrders
 from tradecore.services.dispatch import OrderDispatcher
@@ -84,6 +84,7 @@ class EmbeddedSystem:
     limiter: MemoryRateLimiter
     throttle: MemoryAlertThrottle
     outbox: LoggingOutbox
+    mailer: Mailer  # what sends mail: ``outbox`` unless another mailer was given
     queue: MemoryOrderQueue
     directory: MemoryWorkerDirectory
     fill_tasks: MemoryFillTaskQueue
@@ -137,8 +138,10 @@ def build_embedded(
     settings: OrderSettings | None = None,
     host_settings: HostSettings | None = None,
     hasher: PasswordHasher | None = None,
+    mailer: Mailer | None = None,
 ) -> EmbeddedSystem:
-    """The embedded system, not yet started (see ``EmbeddedSystem.running``)."""
+    """The embedded system, not yet started (see ``EmbeddedSystem.running``). Mail goes to
+    ``mailer``, or to the logging outbox without one."""
     clock = clock or SystemClock()
     sleeper = sleeper or AsyncioSleeper()
     random = random or SecretsRandom()
@@ -161,14 +164,18 @@ def build_embedded(
     simulation_exchange = PaperExchange()
     brokers = PaperBrokerFactory(exchange, simulation_exchange, clock)
 
-    events = SecurityEvents(audit, users, throttle, outbox, clock)
+    mailer = mailer or outbox
+    events = SecurityEvents(audit, users, throttle, mailer, clock)
     checks = OrderChecks(limiter, orders, PaperInstrumentDirectory(exchange), settings)
     dispatcher = OrderDispatcher(orders, queue, directory, random, settings)
 
     def make_worker(user_id: str) -> UserWorker:
         return UserWorker(user_id, orders, brokers, fill_tasks, clock, sleeper)
 
-    host = WorkerHost(directory, queue, make_worker, clock, sleeper, host_settings)
+    # The only host of its in-process directory, so a fixed holder name is unique there.
+    host = WorkerHost(
+        directory, queue, make_worker, clock, sleeper, host_settings, holder="embedded"
+    )
     return EmbeddedSystem(
         clock=clock,
         sleeper=sleeper,
@@ -185,6 +192,7 @@ def build_embedded(
         limiter=limiter,
         throttle=throttle,
         outbox=outbox,
+        mailer=mailer,
         queue=queue,
         directory=directory,
         fill_tasks=fill_tasks,

@@ -8,8 +8,10 @@ it fails them.
 ``kv`` is parametrized over ``memory`` and ``redis``: the same test runs on the in-memory
 adapters (on a FakeClock) and on the Redis ones (on the server's clock). Time is handled by
 the harness so no test waits long: ``ttl_s`` reads a key's remaining life, ``lapse`` ends it
-(the clock moves past it, or the key is deleted), and ``pass_time`` lets a short span go by
-(the fake clock advances; against Redis it is a real pause of at most 0.25 s).
+(the clock moves past it, or the key is deleted), ``outlive`` waits for a short TTL (tens of
+milliseconds) to run out by itself (the clock moves past it; against Redis, bounded polling
+until the server dropped the key), and ``pass_time`` lets a short span go by (the fake clock
+advances; against Redis it is a real pause of at most 0.25 s).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from tradecore_adapters.redis import (
 from tradecore_adapters.redis.messaging import mark_key, response_key
 
 __all__ = [
+    "SHORT_TTL_S",
     "KvHarness",
     "MemoryHarness",
     "RedisHarness",
@@ -78,6 +81,10 @@ DB_ENV = "TRADECORE_TEST_REDIS_DB"
 DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_DB = 9
 LONGEST_REAL_PAUSE_S = 0.25
+SHORT_TTL_S = 0.05
+"""A time to live that ``outlive`` may wait for."""
+_EXPIRY_POLL_S = 0.005
+_EXPIRY_POLLS = 400  # 2 s at most: a generous bound for a 50 ms TTL
 
 Kind = Literal["replay", "throttle", "mark", "reply"]
 
@@ -181,6 +188,10 @@ class KvHarness:
         """Let the key's time to live run out."""
         raise NotImplementedError
 
+    async def outlive(self, kind: Kind, ident: str) -> None:
+        """Return once the key's own time to live (at most ``SHORT_TTL_S``) ran out."""
+        raise NotImplementedError
+
     async def pass_time(self, seconds: float) -> None:
         """Let ``seconds`` (at most 0.25) go by."""
         raise NotImplementedError
@@ -209,7 +220,8 @@ class MemoryHarness(KvHarness):
         elif kind == "throttle":
             expiry = self.throttle._slots._expiry.get(ident)
         elif kind == "mark":
-            expiry = self.directory._marks.get(ident)
+            lease = self.directory._leases.get(ident)
+            expiry = None if lease is None else lease.expires_at
         else:
             reply = self.queue._replies.get(ident)
             expiry = None if reply is None else reply[1]
@@ -222,6 +234,11 @@ class MemoryHarness(KvHarness):
         left = await self.ttl_s(kind, ident)
         if left is not None:
             self.clock.advance(left)
+
+    async def outlive(self, kind: Kind, ident: str) -> None:
+        left = await self.ttl_s(kind, ident)
+        assert left is None or left <= SHORT_TTL_S, f"a TTL of {left} s is not short"
+        await self.lapse(kind, ident)
 
     async def pass_time(self, seconds: float) -> None:
         assert seconds <= LONGEST_REAL_PAUSE_S
@@ -258,6 +275,16 @@ class RedisHarness(KvHarness):
 
     async def lapse(self, kind: Kind, ident: str) -> None:
         await self.connections.commands.delete(self.key(kind, ident))
+
+    async def outlive(self, kind: Kind, ident: str) -> None:
+        left = await self.ttl_s(kind, ident)
+        assert left is None or left <= SHORT_TTL_S, f"a TTL of {left} s is not short"
+        key = self.key(kind, ident)
+        for _ in range(_EXPIRY_POLLS):
+            if not await self.connections.commands.exists(key):  # EXISTS expires a due key
+                return
+            await asyncio.sleep(_EXPIRY_POLL_S)
+        raise AssertionError(f"{key} outlived its time to live")
 
     async def pass_time(self, seconds: float) -> None:
         assert seconds <= LONGEST_REAL_PAUSE_S

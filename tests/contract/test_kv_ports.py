@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import attrs
-from redis_fixtures import KvHarness, order_request, order_result
+from redis_fixtures import SHORT_TTL_S, KvHarness, order_request, order_result
 
 from tradecore.limits import RATE_LIMIT_PER_MINUTE, RATE_WINDOW_S
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
@@ -161,17 +161,24 @@ async def test_concurrent_claims_of_one_slot_give_exactly_one(kv: KvHarness) -> 
 # --- Order queue and worker directory --------------------------------------------------------
 
 
+async def hold(kv: KvHarness, user_id: str = "u1", holder: str = "h1", ttl_s: float = 30) -> int:
+    """Take the user's lease for ``holder`` and return its fencing token."""
+    token = await kv.directory.acquire(user_id, holder, ttl_s)
+    assert token is not None, f"{holder} could not take the lease of {user_id}"
+    return token
+
+
 async def test_push_needs_the_active_mark(kv: KvHarness) -> None:
     assert not await kv.queue.push(order_request("r1"))
     assert await kv.queue.take("u1", 0) is None
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     assert await kv.queue.push(order_request("r1"))
     assert await kv.queue.take("u1", 0) == order_request("r1")
 
 
 async def test_requests_are_taken_in_push_order_per_user(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
-    await kv.directory.mark_active("u2", 30)
+    await hold(kv, "u1")
+    await hold(kv, "u2")
     pushed = [
         order_request("a1"),
         order_request("b1", "u2"),
@@ -190,7 +197,7 @@ async def test_requests_are_taken_in_push_order_per_user(kv: KvHarness) -> None:
 
 
 async def test_take_waits_for_a_push(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     taker = asyncio.create_task(kv.queue.take("u1", NEVER_S))
     await asyncio.sleep(0.01)
     assert not taker.done()
@@ -201,7 +208,7 @@ async def test_take_waits_for_a_push(kv: KvHarness) -> None:
 async def test_many_waiting_takes_each_get_their_users_request(kv: KvHarness) -> None:
     users = [f"u{i}" for i in range(20)]
     for user in users:
-        await kv.directory.mark_active(user, 30)
+        await hold(kv, user)
     takers = [asyncio.create_task(kv.queue.take(user, NEVER_S)) for user in users]
     await asyncio.sleep(0.01)
     for user in reversed(users):
@@ -211,13 +218,13 @@ async def test_many_waiting_takes_each_get_their_users_request(kv: KvHarness) ->
 
 
 async def test_take_gives_up_after_its_timeout(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     assert await kv.queue.take("u1", 0.05) is None
     assert await kv.queue.take("u1", 0) is None
 
 
 async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     for rid in ("r1", "r2", "r3"):
         await kv.queue.push(order_request(rid))
     first = await kv.queue.take("u1", 0)
@@ -235,7 +242,7 @@ async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(kv: KvHarn
 
 
 async def test_a_reply_that_came_before_the_wait_is_returned_once(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     await kv.queue.push(order_request("r1"))
     taken = await kv.queue.take("u1", 0)
     assert taken is not None
@@ -255,7 +262,7 @@ async def test_a_second_completion_replaces_the_reply(kv: KvHarness) -> None:
 
 
 async def test_wait_result_wakes_on_the_reply(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     await kv.queue.push(order_request("r1"))
     waiter = asyncio.create_task(kv.queue.wait_result("r1", NEVER_S))
     await asyncio.sleep(0.01)
@@ -278,23 +285,109 @@ async def test_an_uncollected_reply_expires(kv: KvHarness) -> None:
     assert await kv.queue.wait_result("r1", 0) is None
 
 
-async def test_the_active_mark_lives_for_its_ttl_and_is_refreshed(kv: KvHarness) -> None:
+async def test_the_lease_is_the_active_mark_and_lives_for_its_ttl(kv: KvHarness) -> None:
     assert not await kv.directory.is_active("u1")
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1", "h1", 30)
     assert await kv.directory.is_active("u1")
+    assert not await kv.directory.is_active("u2")
     assert_ttl(await kv.ttl_s("mark", "u1"), 30)
-    await kv.directory.mark_active("u1", 90)
-    assert_ttl(await kv.ttl_s("mark", "u1"), 90)
     await kv.lapse("mark", "u1")
     assert not await kv.directory.is_active("u1")
     assert not await kv.queue.push(order_request("r1"))
 
 
-async def test_clear_active_removes_the_mark(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
-    await kv.directory.clear_active("u1")
-    await kv.directory.clear_active("u1")
+async def test_a_held_lease_is_refused_to_another_holder(kv: KvHarness) -> None:
+    token = await hold(kv, "u1", "h1", 30)
+    assert await kv.directory.acquire("u1", "h2", 90) is None
+    assert_ttl(await kv.ttl_s("mark", "u1"), 30)  # the refusal changed nothing
+    assert await kv.directory.renew("u1", token, 30)  # h1 still holds it
+    assert await hold(kv, "u2", "h2") >= 1  # other users are independent
+
+
+async def test_concurrent_acquires_of_one_user_grant_exactly_one_lease(kv: KvHarness) -> None:
+    tokens = await asyncio.gather(*(kv.directory.acquire("u1", f"h{i}", 30) for i in range(20)))
+    granted = [t for t in tokens if t is not None]
+    assert len(granted) == 1
+    assert await kv.directory.renew("u1", granted[0], 30)
+
+
+async def test_the_same_holder_re_acquires_its_lease_with_the_same_token(kv: KvHarness) -> None:
+    token = await hold(kv, "u1", "h1", 30)
+    assert await kv.directory.acquire("u1", "h1", 90) == token
+    assert_ttl(await kv.ttl_s("mark", "u1"), 90)  # refreshed
+    assert await kv.directory.renew("u1", token, 30)
+
+
+async def test_holder_names_may_contain_colons_and_digits(kv: KvHarness) -> None:
+    holder = "host-7:4242:9"  # hostname:pid:random
+    token = await hold(kv, "u1", holder)
+    assert await kv.directory.acquire("u1", holder, 30) == token
+    assert await kv.directory.acquire("u1", "host-7:4242", 30) is None
+    assert await kv.directory.acquire("u1", "9", 30) is None
+    assert not await kv.directory.renew("u1", 9, 30)  # a digit of the name is no token
+    assert not await kv.directory.renew("u1", 4242, 30)
+    assert await kv.directory.renew("u1", token, 30)
+
+
+async def test_fencing_tokens_strictly_increase_across_releases_and_expiry(
+    kv: KvHarness,
+) -> None:
+    tokens = [await hold(kv, "u1", "h1")]
+    await kv.directory.release("u1", tokens[-1])
+    tokens.append(await hold(kv, "u1", "h2", SHORT_TTL_S))
+    await kv.outlive("mark", "u1")
+    tokens.append(await hold(kv, "u1", "h1"))  # the same holder again: still a new lease
+    await kv.lapse("mark", "u1")
+    tokens.append(await hold(kv, "u1", "h3"))
+    await kv.directory.release("u1", tokens[-1])
+    tokens.append(await hold(kv, "u1", "h1"))
+    assert tokens == sorted(set(tokens)), f"tokens {tokens} are not strictly increasing"
+
+
+async def test_renew_extends_only_the_lease_that_carries_the_token(kv: KvHarness) -> None:
+    token = await hold(kv, "u1", "h1", 30)
+    assert await kv.directory.renew("u1", token, 90)
+    assert_ttl(await kv.ttl_s("mark", "u1"), 90)
+    assert not await kv.directory.renew("u1", token + 1, 300)
+    assert not await kv.directory.renew("u2", token, 300)
+    assert_ttl(await kv.ttl_s("mark", "u1"), 90)
+    assert not await kv.directory.is_active("u2")
+
+
+async def test_renew_is_false_after_expiry_and_revives_nothing(kv: KvHarness) -> None:
+    token = await hold(kv, "u1", "h1", SHORT_TTL_S)
+    await kv.outlive("mark", "u1")
+    assert not await kv.directory.renew("u1", token, 30)
     assert not await kv.directory.is_active("u1")
+    assert not await kv.queue.push(order_request("r1"))
+
+
+async def test_renew_is_false_after_a_takeover_and_leaves_the_new_lease_alone(
+    kv: KvHarness,
+) -> None:
+    stale = await hold(kv, "u1", "h1", SHORT_TTL_S)
+    await kv.outlive("mark", "u1")
+    fresh = await hold(kv, "u1", "h2", 30)
+    assert fresh > stale
+    assert not await kv.directory.renew("u1", stale, 300)
+    assert_ttl(await kv.ttl_s("mark", "u1"), 30)
+    assert await kv.directory.acquire("u1", "h1", 30) is None  # h2 holds it now
+    assert await kv.directory.renew("u1", fresh, 30)
+
+
+async def test_release_removes_only_the_lease_that_carries_the_token(kv: KvHarness) -> None:
+    stale = await hold(kv, "u1", "h1")
+    await kv.lapse("mark", "u1")
+    fresh = await hold(kv, "u1", "h2")
+    await kv.directory.release("u1", stale)
+    await kv.directory.release("u2", fresh)
+    assert await kv.directory.is_active("u1")
+    assert await kv.directory.renew("u1", fresh, 30)
+    await kv.directory.release("u1", fresh)
+    assert not await kv.directory.is_active("u1")
+    await kv.directory.release("u1", fresh)  # idempotent
+    assert not await kv.directory.is_active("u1")
+    assert await hold(kv, "u1", "h1") > fresh
 
 
 async def test_start_requests_are_fifo_and_deduplicated_while_pending(kv: KvHarness) -> None:
@@ -328,7 +421,7 @@ async def test_wait_active_wakes_on_the_mark(kv: KvHarness) -> None:
     waiters = [asyncio.create_task(kv.directory.wait_active("u1", NEVER_S)) for _ in range(2)]
     await asyncio.sleep(0.01)
     assert not any(w.done() for w in waiters)
-    await kv.directory.mark_active("u1", 30)
+    await hold(kv, "u1")
     assert await asyncio.gather(*waiters) == [True, True]
 
 
@@ -336,28 +429,43 @@ async def test_wait_active_is_immediate_when_marked_and_false_after_timeout(
     kv: KvHarness,
 ) -> None:
     assert not await kv.directory.wait_active("u1", 0.05)
-    await kv.directory.mark_active("u2", 30)
+    await hold(kv, "u2")
     assert not await kv.directory.wait_active("u1", 0)
     assert await kv.directory.wait_active("u2", 0)
 
 
 async def test_retire_keeps_the_mark_while_a_request_waits(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    token = await hold(kv, "u1")
     await kv.queue.push(order_request("r1"))
-    assert not await kv.directory.retire("u1")
+    assert not await kv.directory.retire("u1", token)
     assert await kv.directory.is_active("u1")
-    assert await kv.queue.take("u1", 0) is not None
-    assert await kv.directory.retire("u1")
+    assert await kv.directory.renew("u1", token, 30)  # the refusal kept the lease as it was
+    assert await kv.queue.take("u1", 0) is not None  # in flight now, not waiting
+    assert await kv.directory.retire("u1", token)
     assert not await kv.directory.is_active("u1")
     assert not await kv.queue.push(order_request("r2"))
+    assert not await kv.directory.retire("u1", token)  # nothing left to retire
+
+
+async def test_retire_needs_the_leases_token(kv: KvHarness) -> None:
+    stale = await hold(kv, "u1", "h1")
+    await kv.lapse("mark", "u1")
+    fresh = await hold(kv, "u1", "h2")
+    assert not await kv.directory.retire("u1", stale)
+    assert not await kv.directory.retire("u1", fresh + 1)
+    assert not await kv.directory.retire("u2", fresh)
+    assert await kv.directory.is_active("u1")
+    assert await kv.directory.renew("u1", fresh, 30)
+    assert await kv.directory.retire("u1", fresh)
+    assert not await kv.directory.is_active("u1")
 
 
 async def test_no_push_is_stranded_by_a_concurrent_retire(kv: KvHarness) -> None:
-    await kv.directory.mark_active("u1", 30)
+    token = await hold(kv, "u1")
     requests = [order_request(f"r{i}") for i in range(30)]
     outcomes = await asyncio.gather(
         *(kv.queue.push(r) for r in requests[:15]),
-        kv.directory.retire("u1"),
+        kv.directory.retire("u1", token),
         *(kv.queue.push(r) for r in requests[15:]),
     )
     pushed = [r for r, ok in zip(requests, outcomes[:15] + outcomes[16:], strict=True) if ok]

@@ -41,7 +41,6 @@ from tradecore_adapters.redis import (
     codec,
     open_connections,
 )
-from tradecore_adapters.redis.messaging import PUSHED_CHANNEL
 
 NOWHERE = "redis://127.0.0.1:1/9"  # nothing listens on port 1
 
@@ -147,7 +146,7 @@ async def test_keys_are_named_as_the_specification_says(
         await RedisReplayStore(client).claim("abc", 600)
         await RedisRateLimiter(client).hit("u1", 60, 60)
         await RedisAlertThrottle(client).try_claim("u1", 3600)
-        await directory.mark_active("u1", 30)
+        assert await directory.acquire("u1", "host-a:12:x", 30) == 1
         await directory.request_start("u2")
         for rid in ("r1", "r2"):
             await queue.push(order_request(rid))
@@ -165,6 +164,7 @@ async def test_keys_are_named_as_the_specification_says(
         "ratelimit:u1",
         "alert:throttle:u1",
         "worker:active:u1",
+        "worker:fence:u1",
         "worker-control.fifo",
         "trading:user:u1:processing",
         "trading:response:r1",
@@ -173,6 +173,35 @@ async def test_keys_are_named_as_the_specification_says(
     assert "trading:user:u1:requests" not in keys  # emptied lists vanish
     assert await client.type("ratelimit:u1") == "zset"
     assert await client.type("trading:response:r1") == "list"
+    assert await client.get("worker:active:u1") == "host-a:12:x:1"  # "{holder}:{token}"
+    assert await client.get("worker:fence:u1") == "1"
+
+
+@pytest.mark.redis
+async def test_the_fencing_counter_outlives_every_lease(redis_client: Redis) -> None:
+    directory = RedisWorkerDirectory(RedisConnections(redis_client, redis_client))
+    token = await directory.acquire("u1", "h1", 0.05)
+    assert token is not None
+    assert await redis_client.pttl("worker:fence:u1") == -1  # no time to live
+    await directory.release("u1", token)
+    assert await redis_client.get("worker:fence:u1") == str(token)
+    assert await directory.acquire("u1", "h1", 30) == token + 1
+
+
+@pytest.mark.redis
+async def test_a_mark_that_is_not_a_lease_is_nobodys_to_take_or_change(
+    redis_client: Redis,
+) -> None:
+    """A mark without a token (as an older release wrote it) stays until its TTL ends."""
+    directory = RedisWorkerDirectory(RedisConnections(redis_client, redis_client))
+    await redis_client.set("worker:active:u1", "1", px=30_000)
+    assert await directory.is_active("u1")
+    assert await directory.acquire("u1", "h1", 30) is None
+    assert not await directory.renew("u1", 1, 60)
+    await directory.release("u1", 1)
+    assert not await directory.retire("u1", 1)
+    assert await redis_client.get("worker:active:u1") == "1"
+    assert 29_000 < await redis_client.pttl("worker:active:u1") <= 30_000
 
 
 async def _received(tasks: RedisFillTaskQueue) -> FillDelivery:
@@ -237,7 +266,10 @@ async def test_an_unreachable_server_raises_key_value_store_unavailable() -> Non
         await _unavailable(lambda: directory.wait_active("u1", 1.0))
         await _unavailable(lambda: directory.request_start("u1"))
         await _unavailable(lambda: directory.next_start_request(1.0))
-        await _unavailable(lambda: directory.retire("u1"))
+        await _unavailable(lambda: directory.acquire("u1", "h1", 30))
+        await _unavailable(lambda: directory.renew("u1", 1, 30))
+        await _unavailable(lambda: directory.release("u1", 1))
+        await _unavailable(lambda: directory.retire("u1", 1))
         await _unavailable(lambda: tasks.send(fill_task("o1"), 0))
         await _unavailable(lambda: tasks.receive(1.0))
     finally:
@@ -258,10 +290,13 @@ async def test_the_rate_limiter_fails_open() -> None:
 
 
 async def _no_blocked_clients(client: Redis) -> bool:
-    """True once the server has no client blocked in a pop (it saw the cancelled call's
-    connection close); checked for a bounded number of rounds."""
+    """True once the server has no client of the test database blocked in a pop (it saw the
+    cancelled call's connection close); checked for a bounded number of rounds. Clients of
+    other databases are not counted: other processes may share the server."""
+    db = int(client.connection_pool.connection_kwargs.get("db", 0))
     for _ in range(200):
-        if int((await client.info("clients"))["blocked_clients"]) == 0:
+        clients = await client.client_list()
+        if not any("b" in c["flags"] and int(c["db"]) == db for c in clients):
             return True
         await asyncio.sleep(0.01)
     return False
@@ -309,7 +344,7 @@ async def test_a_cancelled_take_leaves_the_request_for_the_next_take(
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
-    await directory.mark_active("u1", 30)
+    assert await directory.acquire("u1", "h1", 30) is not None
     taker = asyncio.create_task(queue.take("u1", 30))
     await asyncio.sleep(0.05)
     taker.cancel()
@@ -338,7 +373,7 @@ async def test_a_stale_in_flight_entry_is_recovered_after_a_crash(
     """A new worker (a new adapter instance, as after a host restart) finds the entry."""
     first = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
-    await directory.mark_active("u1", 30)
+    assert await directory.acquire("u1", "h1", 30) is not None
     await first.push(order_request("r1"))
     assert await first.take("u1", 0) == order_request("r1")
     await first.aclose()
@@ -360,14 +395,14 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     client = redis_connections.commands
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
-    await directory.mark_active("u1", 30)
+    assert await directory.acquire("u1", "h1", 30) is not None
     # Below the take's own re-check interval: only a wake-up can deliver within it.
     first = asyncio.create_task(queue.take("u1", 3))
-    assert await _subscribers(client) == 1
-    assert await client.client_kill_filter(_type="pubsub") == 1
+    (listener,) = await _subscribers(client)
+    assert await client.client_kill_filter(_id=listener) == 1
     assert await queue.push(order_request("r1"))
     assert await first == order_request("r1")
-    assert await _subscribers(client) == 1
+    assert len(await _subscribers(client)) == 1
     second = asyncio.create_task(queue.take("u1", 3))
     await asyncio.sleep(0.01)
     assert await queue.push(order_request("r2"))
@@ -375,15 +410,19 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     await queue.aclose()
 
 
-async def _subscribers(client: Redis) -> int:
-    """The listeners on the push channel once one is subscribed (bounded rounds)."""
-    count = 0
+async def _subscribers(client: Redis) -> list[str]:
+    """The ids of the test database's pub/sub listeners, once there is one (bounded rounds).
+    Channels are server-wide, so listeners of other databases (other processes sharing the
+    server) are left out, and left alone."""
+    db = int(client.connection_pool.connection_kwargs.get("db", 0))
+    ids: list[str] = []
     for _ in range(200):
-        count = dict(await client.pubsub_numsub(PUSHED_CHANNEL)).get(PUSHED_CHANNEL, 0)
-        if count:
-            return int(count)
+        listeners = await client.client_list(_type="pubsub")
+        ids = [c["id"] for c in listeners if int(c["db"]) == db and int(c["sub"]) > 0]
+        if ids:
+            return ids
         await asyncio.sleep(0.01)
-    return int(count)
+    return ids
 
 
 def test_decimals_keep_their_digits_and_exponent() -> None:

@@ -5,6 +5,10 @@ store (and, separately, the order-tasks queue) through random sequences of calls
 technologies at once. They compare every answer and, after every step, the marks, in-flight
 lists and replay keys (or the dead letters) of every user. Time does not pass for the
 adapters (no call waits, every TTL outlives a run), so both sides see the same world.
+
+The leases are also checked against a model: who holds each user's lease with which token,
+the last token handed out per user, and how many requests wait. Agreement between two
+adapters alone would not catch a rule both get wrong.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from tradecore_adapters.redis import open_connections
 T = TypeVar("T")
 
 USER_IDS = ("u1", "u2")
+HOLDER_IDS = ("h1", "h2:7", "h3")
 FINGERPRINT_IDS = ("fp1", "fp2", "fp3")
 USERS = st.sampled_from(USER_IDS)
+HOLDERS = st.sampled_from(HOLDER_IDS)
 FINGERPRINTS = st.sampled_from(FINGERPRINT_IDS)
 PICK = st.integers(min_value=0, max_value=7)
 DELAYS = st.sampled_from([0.0, 3600.0])
@@ -62,6 +68,10 @@ class SideBySide(RuleBasedStateMachine):
         self.redis = RedisHarness(self.connections)
         self.pushed = 0
         self.completed: list[str] = []
+        # The model of the leases and request lists.
+        self.leases: dict[str, tuple[str, int]] = {}
+        self.fences: dict[str, int] = {}
+        self.waiting: dict[str, int] = dict.fromkeys(USER_IDS, 0)
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(_coroutine(step))
@@ -96,21 +106,53 @@ class SideBySide(RuleBasedStateMachine):
                 seen.append(await harness.ttl_s("replay", fingerprint) is not None)
             return seen
 
-        self.both(view)
+        seen = self.both(view)
+        marked = [seen[3 * i] for i in range(len(USER_IDS))]
+        assert marked == [user in self.leases for user in USER_IDS]
+
+    def token_for(self, user: str, pick: int) -> int:
+        """One of the tokens ever handed out for ``user``, or one never handed out."""
+        issued = self.fences.get(user, 0)
+        return pick % (issued + 2)  # 0 and issued + 1 were never handed out
 
     # --- worker directory ---
 
-    @rule(user=USERS)
-    def mark_active(self, user: str) -> None:
-        self.both(lambda h: h.directory.mark_active(user, 60))
+    @rule(user=USERS, holder=HOLDERS)
+    def acquire(self, user: str, holder: str) -> None:
+        token = self.both(lambda h: h.directory.acquire(user, holder, 60))
+        lease = self.leases.get(user)
+        if lease is None:
+            issued = self.fences.get(user, 0) + 1
+            self.fences[user] = issued
+            self.leases[user] = (holder, issued)
+            assert token == issued
+        else:
+            assert token == (lease[1] if lease[0] == holder else None)
 
-    @rule(user=USERS)
-    def clear_active(self, user: str) -> None:
-        self.both(lambda h: h.directory.clear_active(user))
+    @rule(user=USERS, pick=PICK)
+    def renew(self, user: str, pick: int) -> None:
+        token = self.token_for(user, pick)
+        renewed = self.both(lambda h: h.directory.renew(user, token, 60))
+        lease = self.leases.get(user)
+        assert renewed == (lease is not None and lease[1] == token)
 
-    @rule(user=USERS)
-    def retire(self, user: str) -> None:
-        self.both(lambda h: h.directory.retire(user))
+    @rule(user=USERS, pick=PICK)
+    def release(self, user: str, pick: int) -> None:
+        token = self.token_for(user, pick)
+        self.both(lambda h: h.directory.release(user, token))
+        lease = self.leases.get(user)
+        if lease is not None and lease[1] == token:
+            del self.leases[user]
+
+    @rule(user=USERS, pick=PICK)
+    def retire(self, user: str, pick: int) -> None:
+        token = self.token_for(user, pick)
+        retired = self.both(lambda h: h.directory.retire(user, token))
+        lease = self.leases.get(user)
+        expected = lease is not None and lease[1] == token and self.waiting[user] == 0
+        assert retired == expected
+        if expected:
+            del self.leases[user]
 
     @rule(user=USERS)
     def request_start(self, user: str) -> None:
@@ -126,17 +168,21 @@ class SideBySide(RuleBasedStateMachine):
     def push(self, user: str) -> None:
         self.pushed += 1
         request = order_request(f"r{self.pushed}", user)
-        self.both(lambda h: h.queue.push(request))
+        pushed = self.both(lambda h: h.queue.push(request))
+        assert pushed == (user in self.leases)
+        self.waiting[user] += pushed
 
-    @rule(user=USERS, count=st.integers(min_value=1, max_value=3))
-    def activate_and_push(self, user: str, count: int) -> None:
-        self.mark_active(user)
+    @rule(user=USERS, holder=HOLDERS, count=st.integers(min_value=1, max_value=3))
+    def activate_and_push(self, user: str, holder: str, count: int) -> None:
+        self.acquire(user, holder)
         for _ in range(count):
             self.push(user)
 
     @rule(user=USERS)
     def take(self, user: str) -> None:
-        self.both(lambda h: h.queue.take(user, 0))
+        taken = self.both(lambda h: h.queue.take(user, 0))
+        assert (taken is not None) == (self.waiting[user] > 0)
+        self.waiting[user] -= taken is not None
 
     @rule(user=USERS, pick=PICK)
     def complete(self, user: str, pick: int) -> None:
@@ -161,7 +207,7 @@ class SideBySide(RuleBasedStateMachine):
         self.both(lambda h: h.replay.claim(fingerprint, ttl))
 
     @rule(fingerprint=FINGERPRINTS)
-    def release(self, fingerprint: str) -> None:
+    def release_fingerprint(self, fingerprint: str) -> None:
         self.both(lambda h: h.replay.release(fingerprint))
 
 

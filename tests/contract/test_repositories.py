@@ -31,6 +31,7 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
+from tradecore.ports.crypto import KeyStore
 from tradecore.ports.repositories import (
     AllowedIpRepository,
     ApiKeyRepository,
@@ -41,6 +42,7 @@ from tradecore.ports.repositories import (
     UserRepository,
 )
 from tradecore.ports.resets import PasswordResetTokens
+from tradecore_adapters.memory.documents import MemoryDocumentStore
 from tradecore_adapters.memory.repositories import (
     MemoryAllowedIpRepository,
     MemoryApiKeyRepository,
@@ -399,6 +401,32 @@ async def test_trading_account_round_trips_and_hides_deleted(stores: Stores) -> 
     await stores.accounts.save(attrs.evolve(rich, deleted=True))
     assert await stores.accounts.get("acct-1") is None
     assert await stores.accounts.list_for_user("user-1") == [account(3, created_at=at(0))]
+
+
+async def test_encrypted_credentials_round_trip_as_bytes(stores: Stores) -> None:
+    """The ciphertext comes back byte for byte, through add, save, lookups and removal."""
+    assert await stores.users.add(user(1))
+    blob = bytes(range(256)) + b"\x00\x01tail"
+    sealed = account(1, encrypted_credentials=blob)
+    await stores.accounts.add(sealed)
+    await stores.accounts.add(account(2))
+    got = await stores.accounts.get("acct-1")
+    assert got == sealed and got is not None
+    assert type(got.encrypted_credentials) is bytes and got.encrypted_credentials == blob
+    assert (await stores.accounts.get("acct-2")) == account(2)  # None stays None
+    found = await stores.accounts.by_webhook_token_hash(f"{1:064x}")
+    assert found is not None and found[0].encrypted_credentials == blob
+    assert [a.encrypted_credentials for a in await stores.accounts.list_for_user("user-1")] == [
+        blob,
+        None,
+    ]
+    replaced = attrs.evolve(sealed, encrypted_credentials=b"\x01" + b"n" * 40)
+    await stores.accounts.save(replaced)
+    assert await stores.accounts.get("acct-1") == replaced
+    await stores.accounts.save(attrs.evolve(replaced, encrypted_credentials=None))
+    got = await stores.accounts.get("acct-1")
+    assert got is not None and got.encrypted_credentials is None
+    assert "encrypted_credentials" not in repr(sealed)
 
 
 async def test_webhook_token_lookup_returns_account_and_owner(stores: Stores) -> None:
@@ -790,6 +818,41 @@ async def test_consume_sweeps_expired_tokens(stores: Stores) -> None:
     assert await stores.resets.consume("unknown", at(50)) is None
     assert await stores.resets.discard_for_user("user-1") == 1
     assert await stores.resets.discard_for_user("user-2") == 0
+
+
+# --- key store: create-if-absent (memory and Postgres) -------------------------------------
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+def key_store(request: pytest.FixtureRequest) -> KeyStore:
+    if request.param == "memory":
+        return MemoryDocumentStore()
+    return PostgresDocumentStore(request.getfixturevalue("pg_pool"))
+
+
+async def test_key_store_keeps_the_first_document(key_store: KeyStore) -> None:
+    assert isinstance(key_store, KeyStore)
+    assert await key_store.load("transport-key") is None
+    first = {"format": 1, "private_key": "AAAA"}
+    assert await key_store.create_if_absent("transport-key", first) == first
+    second = {"format": 1, "private_key": "BBBB"}
+    assert await key_store.create_if_absent("transport-key", second) == first
+    assert await key_store.load("transport-key") == first
+    assert await key_store.create_if_absent("other", second) == second
+
+
+async def test_concurrent_creates_converge_on_one_document(key_store: KeyStore) -> None:
+    offers = [{"n": n, "key": f"key-{n}"} for n in range(8)]
+    results = await asyncio.gather(
+        *(key_store.create_if_absent("transport-key", offer) for offer in offers)
+    )
+    assert len({json_text(r) for r in results}) == 1
+    assert results[0] in offers
+    assert await key_store.load("transport-key") == results[0]
+
+
+def json_text(document: dict[str, Any]) -> str:
+    return repr(sorted(document.items()))
 
 
 # --- document store (Postgres only) --------------------------------------------------------

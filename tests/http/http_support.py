@@ -29,7 +29,6 @@ from tradecore_entrypoints.embedded import EmbeddedSystem
 
 PASSWORD = "correct horse battery staple"
 BASE_URL = "http://tradecore.test"
-TEST_JWK = {"kty": "RSA", "n": "AQAB", "e": "AQAB", "alg": "RSA-OAEP-256", "use": "enc", "kid": "t"}
 
 
 def fast_hasher() -> Argon2PasswordHasher:
@@ -166,7 +165,6 @@ def container_for(settings: Settings, clock: FakeClock) -> Application:
     container.core.random.override(providers.Object(SeededRandom(7)))
     container.core.host_settings.override(providers.Object(HostSettings(poll_s=0.005)))
     container.gateways.hasher.override(providers.Object(fast_hasher()))
-    container.gateways.public_jwk.override(providers.Object(TEST_JWK))
     return container
 
 

@@ -115,11 +115,11 @@ def test_production_with_everything_set_is_accepted() -> None:
     assert "x" * 32 not in repr(settings)
 
 
-def test_database_url_is_refused_until_that_runtime_exists() -> None:
+def test_database_url_without_redis_url_is_refused() -> None:
     settings = Settings.from_env(
         {"DATABASE_URL": "postgresql://db/x", "JWT_SECRET": STRONG, "ENCRYPTION_KEY": KEY}
     )
-    with pytest.raises(ConfigError, match="Redis/Postgres"):
+    with pytest.raises(ConfigError, match="DATABASE_URL and REDIS_URL go together"):
         build_container(settings)
 
 

@@ -271,7 +271,7 @@ async def test_readiness_and_broker_outages_are_503() -> None:
         async def positions(self, account: object) -> dict[str, object]:
             raise ConnectionError("broker down")
 
-        async def verify_credentials(self, account: object) -> str | None:
+        async def verify(self, account: object, credentials: object) -> str | None:
             return "Invalid API key"
 
     container = container_for(Settings(), FakeClock())

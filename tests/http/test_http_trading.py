@@ -235,8 +235,9 @@ async def test_dashboard_allowed_ip_block(env: Env, trader: Trader, session: Ses
 async def test_slow_worker_gives_202_and_the_poll_link_resolves() -> None:
     async with running(Settings(order_wait_s=0.01, webhook_wait_s=0.01)) as env:
         trader = await env.trader()
-        # The worker looks active but is not serving yet: the wait runs out.
-        await env.system.directory.mark_active(trader.user.id, 3600)
+        # Another host holds the user's lease but is not serving yet: the wait runs out.
+        foreign = await env.system.directory.acquire(trader.user.id, "host-elsewhere", 3600)
+        assert foreign is not None
         response = await trader.webhook()
         assert response.status == 202
         body = await response.json()
@@ -250,6 +251,7 @@ async def test_slow_worker_gives_202_and_the_poll_link_resolves() -> None:
         assert dashboard.status == 202
         row = await (await session.request("GET", body["poll"], csrf=False)).json()
         assert row["status"] == "queued"
+        await env.system.directory.release(trader.user.id, foreign)  # that host went away
         env.system.host.activate(trader.user.id)
         for _ in range(500):
             row = await (await session.request("GET", body["poll"], csrf=False)).json()

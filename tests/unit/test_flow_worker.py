@@ -1,19 +1,22 @@
 """Worker-side flows on the embedded system: the hand-off, 202, crash recovery, expiry,
-reconnects, idle retirement, and fill verification through the worker."""
+reconnects, idle retirement, fill verification through the worker, and the per-user lease
+shared by several worker hosts."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
 from support import Trader, make_trader
 
 from tradecore.broker import Broker
-from tradecore.orders import OrderStatus, RejectionCode
+from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
 from tradecore.services.outcomes import Accepted, Queued, Rejected
 from tradecore.services.settings import OrderSettings
 from tradecore.services.worker import UserWorker
+from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
 from tradecore_entrypoints.embedded import EmbeddedSystem
@@ -45,12 +48,17 @@ def factory(system: EmbeddedSystem) -> PaperBrokerFactory:
     return PaperBrokerFactory(system.exchange, system.simulation_exchange, system.clock)
 
 
-async def queued_order(system: EmbeddedSystem, trader: Trader) -> Queued:
-    """An order whose worker is marked active but not serving: it stays in the list."""
-    await system.directory.mark_active(trader.user.id, 3600)
+FOREIGN_HOLDER = "host-elsewhere:1:x"
+
+
+async def queued_order(system: EmbeddedSystem, trader: Trader) -> tuple[Queued, int]:
+    """An order whose user's lease another host holds without serving: it stays in the list.
+    Returns it with that lease's token; releasing the lease lets this system's host serve."""
+    token = await system.directory.acquire(trader.user.id, FOREIGN_HOLDER, 3600)
+    assert token is not None
     outcome = await trader.send(trader.body())
     assert isinstance(outcome, Queued)
-    return outcome
+    return outcome, token
 
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
@@ -58,11 +66,12 @@ async def test_slow_worker_gives_202_and_the_order_still_executes_once(
     embedded: EmbeddedSystem,
 ) -> None:
     trader = await make_trader(embedded)
-    queued = await queued_order(embedded, trader)
+    queued, foreign = await queued_order(embedded, trader)
     row = await embedded.orders.get(queued.order_id)
     assert row is not None and row.status is OrderStatus.QUEUED  # durable before the 202
 
     async with embedded.running(verify_fills=False):
+        await embedded.directory.release(trader.user.id, foreign)  # the other host went away
         embedded.host.activate(trader.user.id)
         result = await embedded.queue.wait_result(queued.request_id, 5)
 
@@ -96,7 +105,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
     trader = await make_trader(embedded)
     account_id = trader.account.account.id
     embedded.exchange.set_position(account_id, "BTCUSDT", Decimal(-2))  # forces close + entry
-    queued = await queued_order(embedded, trader)
+    queued, foreign = await queued_order(embedded, trader)
     request = await embedded.queue.take(trader.user.id, 0.1)
     assert request is not None
     dying = UserWorker(
@@ -114,6 +123,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
     row = await embedded.orders.get(queued.order_id)
     assert row is not None and row.status is OrderStatus.SUBMITTED
     assert [r.order_id for r in await embedded.queue.in_flight(trader.user.id)] == [queued.order_id]
+    await embedded.directory.release(trader.user.id, foreign)  # the dead host's lease ends
     async with embedded.running(verify_fills=False):
         embedded.host.activate(trader.user.id)  # a new worker starts and recovers
         result = await embedded.queue.wait_result(queued.request_id, 5)
@@ -132,10 +142,11 @@ async def test_order_that_waited_past_its_age_expires_instead_of_executing_late(
     embedded: EmbeddedSystem, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
-    queued = await queued_order(embedded, trader)
+    queued, foreign = await queued_order(embedded, trader)
     clock.advance(61)
 
     async with embedded.running(verify_fills=False):
+        await embedded.directory.release(trader.user.id, foreign)
         embedded.host.activate(trader.user.id)
         result = await embedded.queue.wait_result(queued.request_id, 5)
 
@@ -233,6 +244,235 @@ async def test_simulated_order_trades_only_on_the_simulation_book(trader: Trader
     account_id = trader.account.account.id
     assert trader.system.simulation_exchange.position(account_id, "BTCUSDT") == Decimal(1)
     assert trader.position() == 0
+
+
+# --- The lease: several hosts, one server per user ------------------------------------------
+
+
+class RecordingWorker(UserWorker):
+    """A real worker that notes which host executed each request, and can be held at the
+    start of one (``gate`` cleared) to stand for a slow order."""
+
+    def __init__(
+        self,
+        host: str,
+        executed: list[str],
+        gate: asyncio.Event,
+        user_id: str,
+        system: EmbeddedSystem,
+        brokers: PaperBrokerFactory,
+    ) -> None:
+        super().__init__(
+            user_id, system.orders, brokers, system.fill_tasks, system.clock, system.sleeper
+        )
+        self._host = host
+        self._executed = executed
+        self._gate = gate
+
+    async def execute(self, request: OrderRequest) -> OrderResult:
+        self._executed.append(self._host)
+        await self._gate.wait()
+        return await super().execute(request)
+
+
+def extra_host(
+    system: EmbeddedSystem,
+    holder: str,
+    executed: list[str],
+    gate: asyncio.Event | None = None,
+    settings: HostSettings | None = None,
+) -> WorkerHost:
+    """Another worker host over the same directory, queue, order history and exchange."""
+    if gate is None:
+        gate = asyncio.Event()
+        gate.set()
+    brokers = factory(system)
+
+    def make_worker(user_id: str) -> UserWorker:
+        return RecordingWorker(holder, executed, gate, user_id, system, brokers)
+
+    return WorkerHost(
+        system.directory,
+        system.queue,
+        make_worker,
+        system.clock,
+        system.sleeper,
+        settings or HostSettings(poll_s=0.005),
+        holder=holder,
+    )
+
+
+async def settled(condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within a bounded number of loop turns."""
+    for _ in range(200):
+        if condition():
+            return True
+        await _tick()
+    return condition()
+
+
+async def test_two_hosts_told_to_serve_one_user_exactly_one_serves_then_the_other(
+    embedded: EmbeddedSystem,
+) -> None:
+    trader = await make_trader(embedded)
+    user = trader.user.id
+    executed: list[str] = []
+    hosts = {name: extra_host(embedded, name, executed) for name in ("host-a", "host-b")}
+    for host in hosts.values():
+        await host.start()
+    try:
+        for host in hosts.values():
+            host.activate(user)  # both got a start request for the user
+
+        def serving() -> list[str]:
+            return [name for name, host in hosts.items() if user in host.active_users]
+
+        assert await settled(lambda: len(serving()) == 1)
+        (first,) = serving()
+        for quantity in (1, 2):
+            outcome = await trader.send(trader.body(quantity=quantity))
+            assert isinstance(outcome, Accepted)
+            assert outcome.result.status is OrderStatus.FILLED
+        assert executed == [first, first]
+        assert serving() == [first]
+
+        await hosts[first].stop()  # its lease is released with it
+        assert not await embedded.directory.is_active(user)
+        outcome = await trader.send(trader.body(quantity=3))
+        assert isinstance(outcome, Accepted)
+        assert outcome.result.status is OrderStatus.FILLED
+    finally:
+        for host in hosts.values():
+            await host.stop()
+    (second,) = set(hosts) - {first}
+    assert executed == [first, first, second]
+    assert trader.position() == Decimal(6)
+    assert len(embedded.exchange.orders(trader.account.account.id)) == 3
+
+
+@pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
+async def test_a_host_leaves_a_user_whose_lease_another_holder_has(
+    embedded: EmbeddedSystem,
+) -> None:
+    trader = await make_trader(embedded)
+    user = trader.user.id
+    queued, foreign = await queued_order(embedded, trader)
+    async with embedded.running(verify_fills=False):
+        embedded.host.activate(user)
+        assert await settled(lambda: user not in embedded.host.active_users)
+        assert embedded.queue.has_waiting(user)  # not taken: the holder serves it
+        assert await embedded.directory.renew(user, foreign, 3600)  # and its lease is intact
+
+        await embedded.directory.release(user, foreign)
+        embedded.host.activate(user)
+        result = await embedded.queue.wait_result(queued.request_id, 5)
+    assert result is not None and result.status is OrderStatus.FILLED
+
+
+@pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
+async def test_a_host_that_loses_its_lease_stops_taking_requests(
+    trader: Trader, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    system = trader.system
+    user = trader.user.id
+    system.host.activate(user)
+    assert await system.directory.wait_active(user, 5)
+    # The heartbeat stalled past the lease's time to live, and another host took the user.
+    clock.advance(31)
+    intruder = await system.directory.acquire(user, FOREIGN_HOLDER, 3600)
+    assert intruder is not None
+
+    assert await settled(lambda: user not in system.host.active_users)
+    assert any("lost its lease" in r.getMessage() for r in caplog.records)
+    queued = await trader.send(trader.body())
+    assert isinstance(queued, Queued)  # pushed under the intruder's lease
+    for _ in range(20):
+        await _tick()
+    assert system.queue.has_waiting(user)  # the stale worker took nothing
+    assert await system.queue.in_flight(user) == []
+    assert await system.directory.renew(user, intruder, 3600)  # its lease was left alone
+    assert system.exchange.orders(trader.account.account.id) == []
+
+
+@pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
+async def test_a_lease_lost_mid_order_finishes_that_order_and_starts_no_other(
+    embedded: EmbeddedSystem, clock: FakeClock
+) -> None:
+    trader = await make_trader(embedded)
+    user = trader.user.id
+    executed: list[str] = []
+    gate = asyncio.Event()
+    host = extra_host(embedded, "host-a", executed, gate)
+    host.activate(user)
+    try:
+        assert await embedded.directory.wait_active(user, 5)
+        first = await trader.send(trader.body(quantity=1))
+        assert isinstance(first, Queued)  # held at the gate
+        assert await settled(lambda: executed == ["host-a"])
+        second = await trader.send(trader.body(quantity=2))
+        assert isinstance(second, Queued)
+        clock.advance(31)  # the order in hand outlived the lease...
+        intruder = await embedded.directory.acquire(user, FOREIGN_HOLDER, 3600)
+        assert intruder is not None  # ...and another host took the user
+
+        gate.set()
+        result = await embedded.queue.wait_result(first.request_id, 5)
+        assert result is not None and result.status is OrderStatus.FILLED
+        assert await settled(lambda: user not in host.active_users)
+    finally:
+        await host.stop()
+    assert executed == ["host-a"]
+    assert embedded.queue.has_waiting(user)  # the second order waits for the new holder
+    assert await embedded.directory.renew(user, intruder, 3600)
+    assert trader.position() == Decimal(1)
+
+
+async def test_an_idle_worker_retires_its_lease_and_the_next_order_takes_a_new_one(
+    embedded: EmbeddedSystem, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    trader = await make_trader(embedded)
+    user = trader.user.id
+    executed: list[str] = []
+    settings = HostSettings(poll_s=0.005, idle_timeout_s=20.0)  # idle while the lease lives
+    host = extra_host(embedded, "host-a", executed, settings=settings)
+    await host.start()
+    try:
+        assert isinstance(await trader.send(trader.body(quantity=1)), Accepted)
+        token = await embedded.directory.acquire(user, "host-a", 30)  # same holder: its token
+        assert token is not None
+        clock.advance(21)
+        assert await settled(lambda: user not in host.active_users)
+        assert not await embedded.directory.is_active(user)
+        assert not any("lost its lease" in r.getMessage() for r in caplog.records)
+
+        assert isinstance(await trader.send(trader.body(quantity=2)), Accepted)
+        assert await embedded.directory.acquire(user, "host-a", 30) == token + 1
+    finally:
+        await host.stop()
+    assert executed == ["host-a", "host-a"]
+
+
+async def test_an_idle_worker_whose_lease_vanished_stops_without_retiring_the_new_one(
+    embedded: EmbeddedSystem, clock: FakeClock
+) -> None:
+    trader = await make_trader(embedded)
+    user = trader.user.id
+    executed: list[str] = []
+    settings = HostSettings(poll_s=0.005, idle_timeout_s=5.0)  # idle before a heartbeat is due
+    host = extra_host(embedded, "host-a", executed, settings=settings)
+    host.activate(user)
+    try:
+        assert await embedded.directory.wait_active(user, 5)
+        token = await embedded.directory.acquire(user, "host-a", 30)  # same holder: its token
+        assert token is not None
+        await embedded.directory.release(user, token)  # the store lost the lease
+        intruder = await embedded.directory.acquire(user, FOREIGN_HOLDER, 3600)
+        assert intruder is not None and intruder > token
+        clock.advance(6)
+        assert await settled(lambda: user not in host.active_users)
+    finally:
+        await host.stop()
+    assert await embedded.directory.renew(user, intruder, 3600)  # neither retired nor released
 
 
 async def _tick() -> None:

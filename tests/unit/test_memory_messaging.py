@@ -71,6 +71,13 @@ def tasks(clock: FakeClock) -> MemoryFillTaskQueue:
     return MemoryFillTaskQueue(clock)
 
 
+async def hold(directory: MemoryWorkerDirectory, user_id: str = "u1", ttl_s: float = 30) -> int:
+    """Take the user's lease for the holder "h1" and return its fencing token."""
+    token = await directory.acquire(user_id, "h1", ttl_s)
+    assert token is not None
+    return token
+
+
 def request(request_id: str, user_id: str = "u1") -> OrderRequest:
     return OrderRequest(
         request_id=request_id,
@@ -117,7 +124,7 @@ async def test_push_needs_the_active_mark(
 ) -> None:
     assert not await queue.push(request("r1"))
     assert await queue.take("u1", 0) is None
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     assert await queue.push(request("r1"))
     taken = await queue.take("u1", 0)
     assert taken is not None
@@ -127,8 +134,8 @@ async def test_push_needs_the_active_mark(
 async def test_requests_are_taken_in_push_order_per_user(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
-    await directory.mark_active("u2", 30)
+    await hold(directory, "u1", 30)
+    await hold(directory, "u2", 30)
     for req in [request("a1"), request("b1", "u2"), request("a2"), request("b2", "u2")]:
         assert await queue.push(req)
 
@@ -143,7 +150,7 @@ async def test_requests_are_taken_in_push_order_per_user(
 async def test_take_waits_for_a_push(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     taker = asyncio.create_task(queue.take("u1", NEVER_S))
     await asyncio.sleep(0)
     assert not taker.done()
@@ -156,14 +163,14 @@ async def test_take_waits_for_a_push(
 async def test_take_gives_up_after_its_timeout(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     assert await queue.take("u1", 0.01) is None
 
 
 async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     for rid in ("r1", "r2", "r3"):
         await queue.push(request(rid))
     first = await queue.take("u1", 0)
@@ -184,7 +191,7 @@ async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(
 async def test_a_reply_that_came_before_the_wait_is_returned_once(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     await queue.push(request("r1"))
     taken = await queue.take("u1", 0)
     assert taken is not None
@@ -196,7 +203,7 @@ async def test_a_reply_that_came_before_the_wait_is_returned_once(
 async def test_wait_result_wakes_on_the_reply(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     await queue.push(request("r1"))
     waiter = asyncio.create_task(queue.wait_result("r1", NEVER_S))
     await asyncio.sleep(0)
@@ -214,7 +221,7 @@ async def test_wait_result_returns_none_after_its_timeout(queue: MemoryOrderQueu
 async def test_uncollected_replies_expire(
     clock: FakeClock, queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 3600)
+    await hold(directory, "u1", 3600)
     for rid in ("r1", "r2"):
         await queue.push(request(rid))
     r1 = await queue.take("u1", 0)
@@ -231,23 +238,46 @@ async def test_uncollected_replies_expire(
 # --- Worker directory ------------------------------------------------------------------------
 
 
-async def test_the_active_mark_expires_with_its_ttl(
+async def test_the_lease_expires_with_its_ttl_and_renew_extends_it(
     clock: FakeClock, directory: MemoryWorkerDirectory
 ) -> None:
     assert not await directory.is_active("u1")
-    await directory.mark_active("u1", 30)
+    token = await hold(directory, "u1", 30)
     clock.advance(29.9)
     assert await directory.is_active("u1")
-    await directory.mark_active("u1", 30)  # refreshed
+    assert await directory.renew("u1", token, 30)
     clock.advance(29.9)
     assert await directory.is_active("u1")
     clock.advance(0.1)
     assert not await directory.is_active("u1")
+    assert not await directory.renew("u1", token, 30)  # lost: renewing does not revive it
+    assert not await directory.is_active("u1")
 
 
-async def test_clear_active_removes_the_mark(directory: MemoryWorkerDirectory) -> None:
-    await directory.mark_active("u1", 30)
-    await directory.clear_active("u1")
+async def test_re_acquiring_refreshes_the_ttl_and_keeps_the_token(
+    clock: FakeClock, directory: MemoryWorkerDirectory
+) -> None:
+    token = await hold(directory, "u1", 30)
+    clock.advance(20)
+    assert await directory.acquire("u1", "h1", 30) == token
+    clock.advance(29.9)
+    assert await directory.is_active("u1")
+    assert await directory.acquire("u1", "h2", 30) is None
+    clock.advance(0.1)
+    assert await directory.acquire("u1", "h2", 30) == token + 1
+
+
+async def test_fencing_tokens_are_counted_per_user(directory: MemoryWorkerDirectory) -> None:
+    first = await hold(directory, "u1")
+    assert await hold(directory, "u2") == 1
+    await directory.release("u1", first)
+    assert await hold(directory, "u1") == first + 1
+
+
+async def test_release_removes_the_mark(directory: MemoryWorkerDirectory) -> None:
+    token = await hold(directory, "u1")
+    await directory.release("u1", token)
+    await directory.release("u1", token)
     assert not await directory.is_active("u1")
 
 
@@ -276,7 +306,7 @@ async def test_wait_active_wakes_on_the_mark(directory: MemoryWorkerDirectory) -
     other = asyncio.create_task(directory.wait_active("u1", NEVER_S))
     await asyncio.sleep(0)
     assert not waiter.done()
-    await directory.mark_active("u1", 30)
+    await hold(directory, "u1", 30)
     assert await woken(waiter)
     assert await woken(other)
 
@@ -285,7 +315,7 @@ async def test_wait_active_is_immediate_when_marked_and_false_after_timeout(
     directory: MemoryWorkerDirectory,
 ) -> None:
     assert not await directory.wait_active("u1", 0.01)
-    await directory.mark_active("u2", 30)
+    await hold(directory, "u2", 30)
     assert not await directory.wait_active("u1", 0)
     assert await directory.wait_active("u2", 0)
 
@@ -293,12 +323,14 @@ async def test_wait_active_is_immediate_when_marked_and_false_after_timeout(
 async def test_retire_keeps_the_mark_while_a_request_waits(
     queue: MemoryOrderQueue, directory: MemoryWorkerDirectory
 ) -> None:
-    await directory.mark_active("u1", 30)
+    token = await hold(directory, "u1", 30)
     await queue.push(request("r1"))
-    assert not await directory.retire("u1")
+    assert not await directory.retire("u1", token)
     assert await directory.is_active("u1")
     assert await queue.take("u1", 0) is not None
-    assert await directory.retire("u1")
+    assert not await directory.retire("u1", token + 1)
+    assert await directory.is_active("u1")
+    assert await directory.retire("u1", token)
     assert not await directory.is_active("u1")
     assert not await queue.push(request("r2"))
 

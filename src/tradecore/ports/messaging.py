@@ -25,8 +25,8 @@ class OrderQueue(Protocol):
 
     async def push(self, request: OrderRequest) -> bool:
         """Append ``request`` to its user's request list if, atomically with the append, the
-        user's ``worker:active`` mark exists; False (nothing appended) when it does not.
-        Raises KeyValueStoreUnavailable."""
+        user's ``worker:active`` mark exists (whoever holds the lease); False (nothing
+        appended) when it does not. Raises KeyValueStoreUnavailable."""
         ...
 
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
@@ -48,10 +48,20 @@ class OrderQueue(Protocol):
 
 @runtime_checkable
 class WorkerDirectory(Protocol):
-    """Which users have an active worker, and the worker-control FIFO queue of start requests."""
+    """Which users have an active worker, the lease behind that, and the worker-control FIFO
+    queue of start requests.
+
+    The mark ``worker:active:{user_id}`` is a lease: its value is ``"{holder}:{token}"`` and it
+    expires with a time to live unless its holder renews it. ``token`` is the lease's fencing
+    token: strictly increasing per user across the whole system (every host, every restart of
+    a host), so a larger token always names a later lease. At most one lease per user exists
+    at a time; the calls that change or end a lease succeed only with its token, so a holder
+    whose lease ran out can never touch its successor's. Every call raises
+    KeyValueStoreUnavailable when the store cannot be reached.
+    """
 
     async def is_active(self, user_id: str) -> bool:
-        """True while the mark ``worker:active:{user_id}`` exists."""
+        """True while the mark ``worker:active:{user_id}`` exists, whoever holds it."""
         ...
 
     async def request_start(self, user_id: str) -> None:
@@ -66,17 +76,31 @@ class WorkerDirectory(Protocol):
         """(Worker host) the user id of the oldest start request, or None after the timeout."""
         ...
 
-    async def mark_active(self, user_id: str, ttl_s: float) -> None:
-        """(Worker host) set or refresh the mark with a time to live."""
+    async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
+        """(Worker host) take the user's lease for ``holder``, atomically.
+
+        No mark: set it to a new lease of ``holder`` living ``ttl_s``, with the next fencing
+        token, and return that token. A mark of ``holder`` itself: refresh its time to live to
+        ``ttl_s`` and return its token unchanged (re-acquiring is idempotent). A mark of
+        another holder: change nothing and return None.
+        """
         ...
 
-    async def clear_active(self, user_id: str) -> None:
-        """(Worker host) remove the mark: the worker stopped."""
+    async def renew(self, user_id: str, token: int, ttl_s: float) -> bool:
+        """(Worker host) reset the lease's time to live to ``ttl_s`` if, atomically, the mark
+        still carries ``token``; False (nothing changed) when it does not: the lease expired
+        or another holder took it, and the caller must stop serving the user."""
         ...
 
-    async def retire(self, user_id: str) -> bool:
-        """(Worker host) remove the mark only if, atomically, the user's request list is
-        empty; False (mark kept) when a request is waiting. Together with ``OrderQueue.push``
+    async def release(self, user_id: str, token: int) -> None:
+        """(Worker host) delete the mark if, atomically, it carries ``token``; otherwise do
+        nothing (a successor's lease is never removed). Idempotent."""
+        ...
+
+    async def retire(self, user_id: str, token: int) -> bool:
+        """(Worker host) delete the mark only if, atomically, it carries ``token`` and the
+        user's request list is empty; False (nothing changed) otherwise - a request is
+        waiting, or the lease is no longer the caller's. Together with ``OrderQueue.push``
         this means no request is ever left in a list that no worker serves."""
         ...
 

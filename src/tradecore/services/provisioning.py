@@ -98,7 +98,32 @@ class Provisioning:
         max_request_age: int = DEFAULT_MAX_REQUEST_AGE_S,
         max_quantity: Decimal = Decimal(1_000_000),
     ) -> NewAccount:
-        """A new trading account of ``user`` with a fresh webhook token and secret."""
+        """A new trading account of ``user`` with a fresh webhook token and secret, stored."""
+        new = self.draft_account(
+            user,
+            name,
+            broker_name=broker_name,
+            credentials_verified=credentials_verified,
+            allowed_symbols=allowed_symbols,
+            max_request_age=max_request_age,
+            max_quantity=max_quantity,
+        )
+        await self._accounts.add(new.account)
+        return new
+
+    def draft_account(
+        self,
+        user: User,
+        name: str,
+        *,
+        broker_name: str = "paper",
+        credentials_verified: bool = False,
+        allowed_symbols: frozenset[str] = frozenset(),
+        max_request_age: int = DEFAULT_MAX_REQUEST_AGE_S,
+        max_quantity: Decimal = Decimal(1_000_000),
+    ) -> NewAccount:
+        """A new account with its id, webhook token and secret, not yet stored (the caller
+        adds what it needs, such as credentials bound to the id, then stores it)."""
         clean_name = name.strip()
         if not 1 <= len(clean_name) <= 100:
             raise ProvisioningError("account name must be 1 to 100 characters")
@@ -117,7 +142,6 @@ class Provisioning:
             max_quantity=max_quantity,
             credentials_verified=credentials_verified,
         )
-        await self._accounts.add(account)
         return NewAccount(account, token, secret)
 
     async def regenerate_secret(self, account: TradingAccount) -> str:

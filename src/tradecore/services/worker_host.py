@@ -1,11 +1,29 @@
 """A worker host: runs the per-user workers of this process.
 
-It consumes start requests from worker-control, runs one task per active user that keeps the
-``worker:active:{user_id}`` mark alive (a TTL refreshed by a heartbeat), recovers the requests
-a crashed worker left in flight, executes the user's requests in order, and retires the worker
-after the idle timeout (12 h by default) - but only when no request is waiting, atomically, so
-no request is stranded. Fill checks for a user go through the same worker, serialized with its
-orders.
+Several hosts share the users. A host consumes start requests from worker-control and, for
+each, takes the user's lease (the ``worker:active:{user_id}`` mark with a fencing token, see
+``WorkerDirectory``) under its own holder name. If another holder has the lease, that holder
+serves the user and this host lets the start request go. Otherwise one task of this host
+serves the user: it keeps the lease alive with a heartbeat (``renew`` every third of its time
+to live), recovers the requests a crashed worker left in flight, executes the user's requests
+in order, and retires after the idle timeout (12 h by default) - but only when no request is
+waiting, atomically, so no request is stranded. A host that dies stops renewing; its leases
+run out and its users are started elsewhere at their next request.
+
+The lease is checked before every request is taken: once ``renew`` says the lease is lost (a
+stalled heartbeat let it expire, and maybe another host took it), the worker finishes the
+request in hand and never starts another. A lost lease can still leave a stale worker
+running one request next to its successor (the one in hand, which the successor also finds
+in flight); that is harmless, because execution is idempotent: the order-history row moves
+only by compare-and-set transitions (``queued -> submitted -> <outcome>``), so only one
+worker's outcome is recorded, and each broker order carries a client order id derived from
+the order-history id, so the broker returns the order it already has instead of placing a
+second one. The fencing token therefore does not guard writes; it names the lease in the
+log lines and makes sure a stale worker can neither renew, release nor retire its
+successor's lease.
+
+Fill checks for a user go through this host's worker object for the user, serialized with
+its orders.
 """
 
 from __future__ import annotations
@@ -13,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
@@ -32,8 +51,8 @@ RESTART_DELAY_S = 1.0
 
 @attrs.frozen
 class HostSettings:
-    """``mark_ttl_s``: lifetime of the active mark; it is refreshed every third of it.
-    ``poll_s``: how long one blocking take waits before the loop looks at the clock."""
+    """``mark_ttl_s``: lifetime of the lease (the active mark); it is renewed every third of
+    it. ``poll_s``: how long one blocking take waits before the loop looks at the clock."""
 
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     mark_ttl_s: float = 30.0
@@ -48,7 +67,12 @@ class _Slot:
 
 
 class WorkerHost:
-    """Starts, serves and retires per-user workers in this process."""
+    """Starts, serves and retires per-user workers in this process.
+
+    ``holder`` names this host in the leases it takes; it must differ from every other host
+    sharing the directory, including a restarted process on the same machine (the
+    composition passes something like ``hostname:pid:random``).
+    """
 
     def __init__(
         self,
@@ -58,7 +82,12 @@ class WorkerHost:
         clock: Clock,
         sleeper: Sleeper,
         settings: HostSettings | None = None,
+        *,
+        holder: str,
     ) -> None:
+        if not holder:
+            raise ValueError("a worker host needs a non-empty holder name")
+        self._holder = holder
         self._directory = directory
         self._queue = queue
         self._make_worker = make_worker
@@ -67,6 +96,10 @@ class WorkerHost:
         self._settings = settings or HostSettings()
         self._slots: dict[str, _Slot] = {}
         self._control: asyncio.Task[None] | None = None
+
+    @property
+    def holder(self) -> str:
+        return self._holder
 
     @property
     def active_users(self) -> frozenset[str]:
@@ -78,7 +111,7 @@ class WorkerHost:
             self._control = asyncio.create_task(self._consume_control(), name="worker-control")
 
     async def stop(self) -> None:
-        """Stop consuming and end every worker (their marks are cleared)."""
+        """Stop consuming and end every worker (their leases are released)."""
         tasks = [t for t in [self._control, *(s.task for s in self._slots.values())] if t]
         for task in tasks:
             task.cancel()
@@ -88,7 +121,8 @@ class WorkerHost:
         self._control = None
 
     def activate(self, user_id: str) -> None:
-        """Make sure the user's worker runs in this host (idempotent)."""
+        """Make sure the user is served: by this host, unless another holder has the lease
+        (then this task ends at once). Idempotent while the task runs."""
         slot = self._slot(user_id)
         if slot.task is None:
             slot.task = asyncio.create_task(self._serve(user_id, slot), name=f"worker:{user_id}")
@@ -121,24 +155,40 @@ class WorkerHost:
 
     async def _serve(self, user_id: str, slot: _Slot) -> None:
         settings = self._settings
-        retired = False
+        token: int | None = None
+        ended = False  # the lease was never ours, is lost, or was retired: nothing to release
         try:
-            await self._directory.mark_active(user_id, settings.mark_ttl_s)
+            token = await self._directory.acquire(user_id, self._holder, settings.mark_ttl_s)
+            if token is None:
+                log.debug("user %s is served by another host", user_id)
+                ended = True
+                return
             last_beat = last_activity = self._clock.now()
-            for stranded in await self._queue.in_flight(user_id):
-                log.warning("recovering order %s of user %s", stranded.order_id, user_id)
-                await self._execute(slot, stranded)
+            stranded = deque(await self._queue.in_flight(user_id))
             while True:
-                request = await self._queue.take(user_id, settings.poll_s)
+                if self._seconds_since(last_beat) >= settings.mark_ttl_s / 3:
+                    if not await self._renew(user_id, token):
+                        ended = True
+                        return
+                    last_beat = self._clock.now()
+                request: OrderRequest | None
+                if stranded:
+                    request = stranded.popleft()
+                    log.warning("recovering order %s of user %s", request.order_id, user_id)
+                else:
+                    request = await self._queue.take(user_id, settings.poll_s)
                 if request is not None:
                     await self._execute(slot, request)
                     last_activity = self._clock.now()
                 elif self._seconds_since(last_activity) >= settings.idle_timeout_s:
-                    retired = await self._directory.retire(user_id)
-                    if retired:
+                    if await self._directory.retire(user_id, token):
+                        ended = True
                         return
-                if self._seconds_since(last_beat) >= settings.mark_ttl_s / 3:
-                    await self._directory.mark_active(user_id, settings.mark_ttl_s)
+                    # Refused: a request waits, or the lease is no longer ours; a renewal
+                    # tells which before anything else is taken.
+                    if not await self._renew(user_id, token):
+                        ended = True
+                        return
                     last_beat = self._clock.now()
         except asyncio.CancelledError:
             raise
@@ -146,11 +196,18 @@ class WorkerHost:
             log.exception("worker of user %s stopped on an error", user_id)
         finally:
             slot.task = None
-            if retired:
+            if ended:
                 self._slots.pop(user_id, None)
-            else:
+            elif token is not None:
                 with contextlib.suppress(Exception):
-                    await self._directory.clear_active(user_id)
+                    await self._directory.release(user_id, token)
+
+    async def _renew(self, user_id: str, token: int) -> bool:
+        """Renew the lease; False (with a warning) when it is lost."""
+        if await self._directory.renew(user_id, token, self._settings.mark_ttl_s):
+            return True
+        log.warning("worker of user %s lost its lease (token %d); stopping", user_id, token)
+        return False
 
     def _seconds_since(self, since: datetime) -> float:
         return (self._clock.now() - since).total_seconds()

@@ -1,8 +1,9 @@
 """Typed application and request state: what the handlers reach, and under which keys.
 
 ``Services`` is everything the composition root hands to ``create_app``: the core's use cases,
-the repositories the read endpoints page through, and two small ports of this adapter
-(``AccountBroker`` and ``Readiness``) that the root implements for its adapter set.
+the repositories the read endpoints page through, the service's transport key for broker
+credentials, and two small ports of this adapter (``AccountBroker`` and ``Readiness``) that
+the root implements for its adapter set.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import attrs
 from aiohttp import web
@@ -18,6 +19,7 @@ from aiohttp import web
 from tradecore.accounts import TradingAccount
 from tradecore.audit import RequestContext
 from tradecore.broker import InstrumentDirectory
+from tradecore.ports.crypto import TransportKey
 from tradecore.ports.repositories import AuditLog, OrderHistory, TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.services.account_security import AccountSecurity
@@ -25,6 +27,7 @@ from tradecore.services.auth import Authenticator
 from tradecore.services.dashboard_order import DashboardOrders
 from tradecore.services.provisioning import Provisioning
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.trading_accounts import TradingAccounts
 from tradecore.services.webhook_intake import WebhookIntake
 from tradecore_adapters.http.config import HttpConfig
 
@@ -35,10 +38,6 @@ class AccountBroker(Protocol):
 
     async def positions(self, account: TradingAccount) -> Mapping[str, Decimal]:
         """Signed positions by symbol (flat symbols omitted). Raises on an unreachable broker."""
-        ...
-
-    async def verify_credentials(self, account: TradingAccount) -> str | None:
-        """None when the broker accepted the account's credentials, else its reason."""
         ...
 
 
@@ -66,7 +65,8 @@ class Services:
     brokers: AccountBroker
     readiness: Readiness
     clock: Clock
-    public_jwk: Mapping[str, Any]
+    trading_accounts: TradingAccounts
+    transport_key: TransportKey
 
 
 SERVICES = web.AppKey("services", Services)

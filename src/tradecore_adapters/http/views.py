@@ -135,7 +135,8 @@ def user(user: User, *, plan: Plan, terms_version: str) -> dict[str, Any]:
 
 
 def account(account: TradingAccount) -> dict[str, Any]:
-    """A trading account, never its webhook token or secret."""
+    """A trading account, never its webhook token or secret, nor its broker credentials
+    (``has_credentials`` says only whether some are stored)."""
     return {
         "id": account.id,
         "name": account.name,
@@ -144,6 +145,7 @@ def account(account: TradingAccount) -> dict[str, Any]:
         "allowed_symbols": sorted(account.allowed_symbols),
         "max_quantity": decimal(account.max_quantity),
         "credentials_verified": account.credentials_verified,
+        "has_credentials": account.encrypted_credentials is not None,
         "created_at": timestamp(account.created_at),
     }
 

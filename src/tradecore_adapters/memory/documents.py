@@ -16,3 +16,8 @@ class MemoryDocumentStore:
 
     async def save(self, name: str, document: dict[str, Any]) -> None:
         self._documents[name] = copy.deepcopy(document)
+
+    async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
+        """KeyStore: store ``document`` unless ``name`` is taken; the stored document."""
+        stored = self._documents.setdefault(name, copy.deepcopy(document))
+        return copy.deepcopy(stored)

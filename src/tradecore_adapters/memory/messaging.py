@@ -1,10 +1,10 @@
 """In-memory order queue, worker directory and order-tasks FIFO queue (one event loop).
 
 Each operation runs without an ``await`` between its read and its write, so it is atomic
-with respect to every other coroutine, as the Redis commands and scripts are. Expiry (active
-marks, replies, visibility) follows the injected Clock; blocking calls (``take``,
-``wait_result``, ``wait_active``, ``next_start_request``, ``receive``) wait in real time, up
-to their timeout, and return as soon as what they wait for arrives.
+with respect to every other coroutine, as the Redis commands and scripts are. Expiry (leases,
+replies, visibility) follows the injected Clock; blocking calls (``take``, ``wait_result``,
+``wait_active``, ``next_start_request``, ``receive``) wait in real time, up to their timeout,
+and return as soon as what they wait for arrives.
 """
 
 from __future__ import annotations
@@ -84,15 +84,25 @@ async def _wait_for(
         await bell.wait(key, remaining if slice_s is None else min(remaining, slice_s))
 
 
-class MemoryWorkerDirectory:
-    """WorkerDirectory: active marks with a time to live, and the worker-control queue.
+@attrs.frozen
+class _Lease:
+    holder: str
+    token: int
+    expires_at: datetime
 
-    ``attach_queue`` links the order queue whose request lists ``retire`` must find empty.
+
+class MemoryWorkerDirectory:
+    """WorkerDirectory: leases (active marks) with a time to live, and the worker-control queue.
+
+    Fencing tokens come from a per-user counter that never goes back, even after a lease
+    expired or was released. ``attach_queue`` links the order queue whose request lists
+    ``retire`` must find empty.
     """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._marks: dict[str, datetime] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._fences: dict[str, int] = {}
         self._starts: deque[str] = deque()
         self._start_pending: set[str] = set()
         self._marks_bell = _Doorbell()
@@ -104,13 +114,7 @@ class MemoryWorkerDirectory:
 
     def is_marked(self, user_id: str) -> bool:
         """The mark exists now (synchronous, for the order queue's atomic push)."""
-        expiry = self._marks.get(user_id)
-        if expiry is None:
-            return False
-        if expiry <= self._clock.now():
-            del self._marks[user_id]
-            return False
-        return True
+        return self._lease(user_id) is not None
 
     async def is_active(self, user_id: str) -> bool:
         return self.is_marked(user_id)
@@ -131,18 +135,52 @@ class MemoryWorkerDirectory:
     async def next_start_request(self, timeout_s: float) -> str | None:
         return await _wait_for(self._starts_bell, _ANY, self._pop_start, timeout_s)
 
-    async def mark_active(self, user_id: str, ttl_s: float) -> None:
-        self._marks[user_id] = self._clock.now() + timedelta(seconds=ttl_s)
+    async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
+        lease = self._lease(user_id)
+        if lease is not None and lease.holder != holder:
+            return None
+        if lease is None:
+            token = self._fences.get(user_id, 0) + 1
+            self._fences[user_id] = token
+        else:
+            token = lease.token
+        self._leases[user_id] = _Lease(holder, token, self._expiry(ttl_s))
         self._marks_bell.ring(user_id)
+        return token
 
-    async def clear_active(self, user_id: str) -> None:
-        self._marks.pop(user_id, None)
+    async def renew(self, user_id: str, token: int, ttl_s: float) -> bool:
+        lease = self._lease(user_id)
+        if lease is None or lease.token != token:
+            return False
+        self._leases[user_id] = attrs.evolve(lease, expires_at=self._expiry(ttl_s))
+        return True
 
-    async def retire(self, user_id: str) -> bool:
+    async def release(self, user_id: str, token: int) -> None:
+        lease = self._lease(user_id)
+        if lease is not None and lease.token == token:
+            del self._leases[user_id]
+
+    async def retire(self, user_id: str, token: int) -> bool:
+        lease = self._lease(user_id)
+        if lease is None or lease.token != token:
+            return False
         if self._queue is not None and self._queue.has_waiting(user_id):
             return False
-        self._marks.pop(user_id, None)
+        del self._leases[user_id]
         return True
+
+    def _lease(self, user_id: str) -> _Lease | None:
+        """The user's lease unless it expired (an expired one is dropped)."""
+        lease = self._leases.get(user_id)
+        if lease is None:
+            return None
+        if lease.expires_at <= self._clock.now():
+            del self._leases[user_id]
+            return None
+        return lease
+
+    def _expiry(self, ttl_s: float) -> datetime:
+        return self._clock.now() + timedelta(seconds=ttl_s)
 
     def _pop_start(self) -> str | None:
         if not self._starts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tradecore_adapters.postgres.documents import PostgresDocumentStore
 from tradecore_adapters.postgres.migrate import migrate
-from tradecore_adapters.postgres.pool import Pool, open_pool
+from tradecore_adapters.postgres.pool import Pool, make_pool, open_pool
 from tradecore_adapters.postgres.repositories import (
     PostgresAllowedIpRepository,
     PostgresApiKeyRepository,
@@ -28,6 +28,7 @@ __all__ = [
     "PostgresSessionRepository",
     "PostgresTradingAccountRepository",
     "PostgresUserRepository",
+    "make_pool",
     "migrate",
     "open_pool",
 ]

@@ -1,4 +1,8 @@
-"""Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner."""
+"""Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner.
+
+Broker credentials are stored as the ciphertext the core hands over (``bytea``), never opened
+here.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +35,12 @@ def account_from_row(row: Row) -> TradingAccount:
         max_quantity=row["max_quantity"],
         credentials_verified=row["credentials_verified"],
         deleted=row["deleted"],
+        encrypted_credentials=_bytes_or_none(row["encrypted_credentials"]),
     )
+
+
+def _bytes_or_none(value: bytes | memoryview | None) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def _params(account: TradingAccount) -> dict[str, Any]:
@@ -48,6 +57,7 @@ def _params(account: TradingAccount) -> dict[str, Any]:
         "max_quantity": account.max_quantity,
         "credentials_verified": account.credentials_verified,
         "deleted": account.deleted,
+        "encrypted_credentials": account.encrypted_credentials,
     }
 
 
@@ -63,10 +73,11 @@ class PostgresTradingAccountRepository:
             self._pool,
             "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
             " webhook_secret_hash, created_at, max_request_age, allowed_symbols, max_quantity,"
-            " credentials_verified, deleted) VALUES (%(id)s, %(user_id)s, %(name)s,"
-            " %(broker_name)s, %(webhook_token_hash)s, %(webhook_secret_hash)s, %(created_at)s,"
-            " %(max_request_age)s, %(allowed_symbols)s, %(max_quantity)s,"
-            " %(credentials_verified)s, %(deleted)s)",
+            " credentials_verified, deleted, encrypted_credentials) VALUES (%(id)s,"
+            " %(user_id)s, %(name)s, %(broker_name)s, %(webhook_token_hash)s,"
+            " %(webhook_secret_hash)s, %(created_at)s, %(max_request_age)s,"
+            " %(allowed_symbols)s, %(max_quantity)s, %(credentials_verified)s, %(deleted)s,"
+            " %(encrypted_credentials)s)",
             _params(account),
         )
 
@@ -99,6 +110,7 @@ class PostgresTradingAccountRepository:
             " webhook_secret_hash = %(webhook_secret_hash)s, created_at = %(created_at)s,"
             " max_request_age = %(max_request_age)s, allowed_symbols = %(allowed_symbols)s,"
             " max_quantity = %(max_quantity)s, credentials_verified = %(credentials_verified)s,"
-            " deleted = %(deleted)s WHERE id = %(id)s",
+            " deleted = %(deleted)s, encrypted_credentials = %(encrypted_credentials)s"
+            " WHERE id = %(id)s",
             _params(account),
         )

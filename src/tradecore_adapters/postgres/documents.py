@@ -1,7 +1,8 @@
 """Named JSON documents (table ``documents``): whole-document load and replace.
 
 Used for state that is read and written as one piece, such as the paper broker's snapshot in
-real mode. A save replaces the document atomically; the last save wins.
+real mode. A save replaces the document atomically; the last save wins. ``create_if_absent``
+never replaces: the first document stored under a name stays (key material, the KeyStore port).
 """
 
 from __future__ import annotations
@@ -34,3 +35,21 @@ class PostgresDocumentStore:
             " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()",
             (name, Jsonb(document)),
         )
+
+    async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
+        """Store ``document`` under ``name`` unless one is there; the stored document. Of
+        concurrent calls (any process) exactly one insert wins and every caller gets it."""
+        for _ in range(3):
+            inserted = await fetch_one(
+                self._pool,
+                "INSERT INTO documents (name, body, updated_at) VALUES (%s, %s, now())"
+                " ON CONFLICT (name) DO NOTHING RETURNING body",
+                (name, Jsonb(document)),
+            )
+            if inserted is not None:
+                return dict(inserted["body"])
+            # A separate statement: its snapshot sees the row whose insert made ours a no-op.
+            existing = await self.load(name)
+            if existing is not None:
+                return existing
+        raise RuntimeError(f"document {name!r} neither inserted nor found")

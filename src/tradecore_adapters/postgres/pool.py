@@ -32,6 +32,31 @@ def connection_options(timeout_s: float, statement_timeout_s: float) -> dict[str
     }
 
 
+def make_pool(
+    conninfo: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    timeout_s: float = 5.0,
+    statement_timeout_s: float | None = None,
+    check_on_checkout: bool = True,
+) -> Pool:
+    """A pool that is not open yet (the composition root opens it inside the event loop with
+    ``await pool.open(wait=True, timeout=...)``); the options are those of ``open_pool``."""
+    statement_s = timeout_s if statement_timeout_s is None else statement_timeout_s
+    pool: Pool = AsyncConnectionPool(
+        conninfo,
+        kwargs=connection_options(timeout_s, statement_s),
+        min_size=min_size,
+        max_size=max_size,
+        timeout=timeout_s,
+        open=False,
+        check=AsyncConnectionPool.check_connection if check_on_checkout else None,
+        name="tradecore",
+    )
+    return pool
+
+
 async def open_pool(
     conninfo: str,
     *,
@@ -49,16 +74,13 @@ async def open_pool(
     server restart are replaced instead of failing a request. Raises ``DatabaseUnavailable``
     when the server cannot be reached within ``timeout_s``.
     """
-    statement_s = timeout_s if statement_timeout_s is None else statement_timeout_s
-    pool: Pool = AsyncConnectionPool(
+    pool = make_pool(
         conninfo,
-        kwargs=connection_options(timeout_s, statement_s),
         min_size=min_size,
         max_size=max_size,
-        timeout=timeout_s,
-        open=False,
-        check=AsyncConnectionPool.check_connection if check_on_checkout else None,
-        name="tradecore",
+        timeout_s=timeout_s,
+        statement_timeout_s=statement_timeout_s,
+        check_on_checkout=check_on_checkout,
     )
     try:
         with database_errors():

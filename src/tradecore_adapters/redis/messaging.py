@@ -2,7 +2,10 @@
 
 Keys (specification, "Internal messages", plus auxiliaries under the same prefixes):
 
-* ``worker:active:{user_id}`` - the active mark, a string with a PX time to live;
+* ``worker:active:{user_id}`` - the active mark: the lease ``"{holder}:{token}"``, a string
+  with a PX time to live;
+* ``worker:fence:{user_id}`` - the user's fencing-token counter (INCR in the acquiring
+  script; no TTL, so tokens never go back while the data set lives);
 * ``trading:user:{user_id}:requests`` - the request list (RPUSH by the API, oldest at the left);
 * ``trading:user:{user_id}:processing`` - the in-flight list: ``take`` moves a request there
   with LMOVE and only ``complete`` removes it, so a worker crash loses nothing;
@@ -51,6 +54,10 @@ def mark_key(user_id: str) -> str:
     return f"worker:active:{user_id}"
 
 
+def fence_key(user_id: str) -> str:
+    return f"worker:fence:{user_id}"
+
+
 def requests_key(user_id: str) -> str:
     return f"trading:user:{user_id}:requests"
 
@@ -71,12 +78,60 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
-# KEYS: mark, requests. Remove the mark only while no request waits.
-_RETIRE = """
-if redis.call('LLEN', KEYS[2]) > 0 then return 0 end
+# A lease is the mark's value "{holder}:{token}"; the token is the digits after the last colon
+# (a holder name may contain colons). Each script reads the current lease with this prelude;
+# a mark that is not a lease (no token) is nobody's to change, and nobody's to take.
+_READ_LEASE = """
+local current = redis.call('GET', KEYS[1])
+local holder, token = string.match(current or '', '^(.*):(%d+)$')
+"""
+
+# KEYS: mark, fence. ARGV: holder, ttl in ms. A new lease with the next fencing token when
+# there is none; the same holder's lease refreshed; nil when another holder has it.
+_ACQUIRE = (
+    _READ_LEASE
+    + """
+if current then
+  if holder ~= ARGV[1] then return false end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(token)
+end
+token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return token
+"""
+)
+
+# KEYS: mark. ARGV: token, ttl in ms. Extend the lease only while it carries the token.
+_RENEW = (
+    _READ_LEASE
+    + """
+if token ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+)
+
+# KEYS: mark. ARGV: token. Delete the lease only while it carries the token.
+_RELEASE = (
+    _READ_LEASE
+    + """
+if token ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
+)
+
+# KEYS: mark, requests. ARGV: token. Delete the lease only while it carries the token and
+# no request waits.
+_RETIRE = (
+    _READ_LEASE
+    + """
+if token ~= ARGV[1] or redis.call('LLEN', KEYS[2]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+)
 
 # KEYS: control list, pending set. ARGV: user id. The set says "pending"; a user the set
 # names but the list lacks (a host took it and died before clearing the set) is pushed again.
@@ -194,17 +249,21 @@ class RedisOrderQueue:
 class RedisWorkerDirectory:
     """WorkerDirectory on Redis (keys in the module docstring).
 
-    ``retire`` removes the mark only while the request list is empty, in one script;
-    ``request_start`` is deduplicated while the user's start request is pending;
-    ``next_start_request`` is a blocking pop bounded by its timeout; ``wait_active`` polls the
-    mark with a short backoff (1 ms doubling to 20 ms), so a cold start is seen within
-    milliseconds. Raises KeyValueStoreUnavailable.
+    ``acquire`` (with the INCR of the fencing token), ``renew``, ``release`` and ``retire``
+    are each one script, so a lease is compared and changed in one step; ``request_start`` is
+    deduplicated while the user's start request is pending; ``next_start_request`` is a
+    blocking pop bounded by its timeout; ``wait_active`` polls the mark with a short backoff
+    (1 ms doubling to 20 ms), so a cold start is seen within milliseconds. Times to live are
+    the server's (PX, whole milliseconds, at least 1). Raises KeyValueStoreUnavailable.
     """
 
     def __init__(self, connections: RedisConnections) -> None:
         self._client: Redis = connections.commands
         self._blocking: Redis = connections.blocking
         self._grace_s = connections.grace_s
+        self._acquire = self._client.register_script(_ACQUIRE)
+        self._renew = self._client.register_script(_RENEW)
+        self._release = self._client.register_script(_RELEASE)
         self._retire = self._client.register_script(_RETIRE)
         self._request_start = self._client.register_script(_REQUEST_START)
         self._settle_start = self._client.register_script(_SETTLE_START)
@@ -245,15 +304,30 @@ class RedisWorkerDirectory:
             await self._settle_start(keys=keys, args=[user])
             return user
 
-    async def mark_active(self, user_id: str, ttl_s: float) -> None:
-        with unavailable_on_failure("mark active"):
-            await self._client.set(mark_key(user_id), "1", px=max(1, round(ttl_s * 1000)))
+    async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
+        with unavailable_on_failure("acquire lease"):
+            token = await self._acquire(
+                keys=[mark_key(user_id), fence_key(user_id)], args=[holder, _ms(ttl_s)]
+            )
+        return None if token is None else int(token)
 
-    async def clear_active(self, user_id: str) -> None:
-        with unavailable_on_failure("clear active"):
-            await self._client.delete(mark_key(user_id))
+    async def renew(self, user_id: str, token: int, ttl_s: float) -> bool:
+        with unavailable_on_failure("renew lease"):
+            renewed = await self._renew(keys=[mark_key(user_id)], args=[token, _ms(ttl_s)])
+        return bool(int(renewed))
 
-    async def retire(self, user_id: str) -> bool:
+    async def release(self, user_id: str, token: int) -> None:
+        with unavailable_on_failure("release lease"):
+            await self._release(keys=[mark_key(user_id)], args=[token])
+
+    async def retire(self, user_id: str, token: int) -> bool:
         with unavailable_on_failure("retire"):
-            retired = await self._retire(keys=[mark_key(user_id), requests_key(user_id)])
+            retired = await self._retire(
+                keys=[mark_key(user_id), requests_key(user_id)], args=[token]
+            )
         return bool(int(retired))
+
+
+def _ms(seconds: float) -> int:
+    """A PX time to live: whole milliseconds, at least 1 (Redis refuses 0)."""
+    return max(1, round(seconds * 1000))

@@ -9,6 +9,7 @@ refresh), never in a cookie.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -16,14 +17,17 @@ from aiohttp import web
 
 from tradecore.audit import AuditAction
 from tradecore.identity import User
+from tradecore.ports.crypto import TransportKeyUnavailable
 from tradecore.services.auth import IssuedTokens, LoginResult, Principal
 from tradecore.services.outcomes import Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import form_fields, json_object
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE, REFRESH_COOKIE
 from tradecore_adapters.http.principal import audit_refusal, authenticate
-from tradecore_adapters.http.problems import Problem, rejected_response
+from tradecore_adapters.http.problems import Problem, fail, rejected_response
 from tradecore_adapters.http.state import CONFIG, SERVICES, request_context
+
+log = logging.getLogger(__name__)
 
 REFRESH_COOKIE_PATH = "/auth"
 
@@ -229,10 +233,13 @@ async def logout(request: web.Request) -> web.Response:
 @routes.get("/auth/public-key")
 async def public_key(request: web.Request) -> web.Response:
     """The RSA public key (JWK, ``alg`` RSA-OAEP-256) the dashboard encrypts broker
-    credentials with."""
-    return views.json_response(
-        dict(request.app[SERVICES].public_jwk), headers={"Cache-Control": "public, max-age=300"}
-    )
+    credentials with; the same in every process of the deployment."""
+    try:
+        jwk = await request.app[SERVICES].transport_key.public_jwk()
+    except TransportKeyUnavailable as e:
+        log.error("GET /auth/public-key: %s", e)  # a configuration fault the operator must fix
+        raise fail(503, "unavailable", "Service temporarily unavailable") from None
+    return views.json_response(dict(jwk), headers={"Cache-Control": "public, max-age=300"})
 
 
 @routes.get("/auth/me")

@@ -1,34 +1,26 @@
 """``/settings/*``: API keys, allowed IPs, and the user's security events.
 
 API keys and allowed IPs are credentials: they are managed from a browser session only (an
-API key is refused with 403 by the core). ``GET /settings/security-attacks`` pages through
-the attack-class audit entries of the last ``days`` days.
+API key is refused with 403 by the core). ``GET /settings/security-attacks`` renders the
+``SecurityReport`` use case (``tradecore.services.security_report``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
 from tradecore.audit import AuditAction
-from tradecore.security import ATTACK_POLICIES
 from tradecore.services.auth import Principal
 from tradecore.services.outcomes import Rejected
+from tradecore.services.security_report import SecurityReport, SecurityReportPage
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import json_object
 from tradecore_adapters.http.principal import audit_refusal, authenticate
-from tradecore_adapters.http.problems import Problem, fail, rejected_response
+from tradecore_adapters.http.problems import Problem, rejected_response
 from tradecore_adapters.http.state import SERVICES, request_context
-
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
-DEFAULT_DAYS = 30
-MAX_DAYS = 365
-MAX_PAGE = 10_000
-AGGREGATE_LIMIT = 1000
 
 routes = web.RouteTableDef()
 
@@ -122,54 +114,45 @@ async def remove_allowed_ip(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _int_query(request: web.Request, name: str, default: int, highest: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= highest:
-        raise fail(400, "invalid_request", f"{name} must be an integer from 1 to {highest}")
-    return int(raw)
+def _report_body(report: SecurityReportPage) -> dict[str, Any]:
+    return {
+        "counts": {action.value: n for action, n in report.counts.items()},
+        "items": [
+            {
+                "id": event.id,
+                "action": event.action.value,
+                "ip_address": event.ip_address,
+                "user_agent": event.user_agent,
+                "request_path": event.request_path,
+                "created_at": views.timestamp(event.created_at),
+                "trading_account_id": event.trading_account_id,
+                "metadata": dict(event.metadata),
+            }
+            for event in report.items
+        ],
+        "affected_accounts": [
+            {"trading_account_id": a.trading_account_id, "name": a.name, "events": a.events}
+            for a in report.affected_accounts
+        ],
+        "page": report.page,
+        "page_size": report.page_size,
+        "total": report.total,
+    }
 
 
 @routes.get("/settings/security-attacks")
 async def security_attacks(request: web.Request) -> web.Response:
-    """``{counts, items, affected_accounts, page, page_size, total}`` over the attack
-    classes (newest first). ``affected_accounts`` and ``counts`` cover the window's newest
-    1000 events."""
+    """The user's attack events (``tradecore.services.security_report``): ``{counts, items,
+    affected_accounts, page, page_size, total}``; 400 on a bad ``page``, ``page_size`` or
+    ``days``."""
     principal = await authenticate(request)
     services = request.app[SERVICES]
-    page = _int_query(request, "page", 1, MAX_PAGE)
-    page_size = _int_query(request, "page_size", DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-    days = _int_query(request, "days", DEFAULT_DAYS, MAX_DAYS)
-    since = services.clock.now() - timedelta(days=days)
-    actions: frozenset[AuditAction] = frozenset(ATTACK_POLICIES)
-    items, total = await services.audit.list_for_user(
-        principal.user_id,
-        actions=actions,
-        since=since,
-        limit=page_size,
-        offset=(page - 1) * page_size,
+    report = await SecurityReport(services.audit, services.accounts, services.clock).page(
+        principal,
+        request.query.get("page"),
+        request.query.get("page_size"),
+        request.query.get("days"),
     )
-    recent, _ = await services.audit.list_for_user(
-        principal.user_id, actions=actions, since=since, limit=AGGREGATE_LIMIT
-    )
-    counts = Counter(s.entry.action.value for s in recent)
-    by_account = Counter(
-        account_id
-        for s in recent
-        if isinstance(account_id := s.entry.metadata.get("trading_account_id"), str)
-    )
-    names = {a.id: a.name for a in await services.accounts.list_for_user(principal.user_id)}
-    return views.json_response(
-        {
-            "counts": {action.value: counts.get(action.value, 0) for action in ATTACK_POLICIES},
-            "items": [views.security_event(s) for s in items],
-            "affected_accounts": [
-                {"trading_account_id": account_id, "name": names.get(account_id), "events": n}
-                for account_id, n in by_account.most_common()
-            ],
-            "page": page,
-            "page_size": page_size,
-            "total": total,
-        }
-    )
+    if isinstance(report, Rejected):
+        return rejected_response(report)
+    return views.json_response(_report_body(report))
