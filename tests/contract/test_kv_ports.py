@@ -241,6 +241,23 @@ async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(kv: KvHarn
     assert await kv.queue.take("u1", 0) == order_request("r3")
 
 
+async def test_users_whose_host_died_are_found_orphaned(kv: KvHarness) -> None:
+    token = await hold(kv, "u1")
+    await kv.queue.push(order_request("r1", user_id="u1"))
+    await kv.queue.push(order_request("r2", user_id="u1"))
+    assert await kv.queue.take("u1", 0) is not None  # r1 in flight, r2 waiting
+    other = await hold(kv, "u2")
+    await kv.queue.push(order_request("r3", user_id="u2"))
+    assert await kv.directory.orphaned_users() == []  # both leases held
+
+    await kv.directory.release("u1", token)  # as when u1's host died and its lease lapsed
+
+    assert await kv.directory.orphaned_users() == ["u1"]
+    await kv.directory.release("u2", other)
+    assert sorted(await kv.directory.orphaned_users()) == ["u1", "u2"]
+    assert len(await kv.directory.orphaned_users(limit=1)) == 1
+
+
 async def test_a_reply_that_came_before_the_wait_is_returned_once(kv: KvHarness) -> None:
     await hold(kv, "u1")
     await kv.queue.push(order_request("r1"))

@@ -477,3 +477,21 @@ async def test_an_idle_worker_whose_lease_vanished_stops_without_retiring_the_ne
 
 async def _tick() -> None:
     await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
+async def test_orders_of_a_dead_host_are_picked_up_without_waiting_for_a_new_order(
+    embedded: EmbeddedSystem, clock: FakeClock
+) -> None:
+    trader = await make_trader(embedded)
+    assert await embedded.directory.acquire(trader.user.id, FOREIGN_HOLDER, 30) is not None
+    queued = await trader.send(trader.body())  # pushed to a host that then dies
+    assert isinstance(queued, Queued)
+    clock.advance(31)  # the dead host's lease lapses; no new order arrives
+
+    async with embedded.running(verify_fills=False):
+        assert trader.user.id in await embedded.host.sweep()
+        result = await embedded.queue.wait_result(queued.request_id, 5)
+
+    assert result is not None and result.status is OrderStatus.FILLED
+    assert trader.position() == Decimal(1)

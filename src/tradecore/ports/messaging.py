@@ -97,6 +97,12 @@ class WorkerDirectory(Protocol):
         nothing (a successor's lease is never removed). Idempotent."""
         ...
 
+    async def orphaned_users(self, limit: int = 100) -> list[str]:
+        """(Worker host) users with requests waiting or in flight whose lease is absent:
+        their host died, or their lease lapsed between requests. At most ``limit``; a host
+        that finds one starts a worker for it, which recovers the requests."""
+        ...
+
     async def retire(self, user_id: str, token: int) -> bool:
         """(Worker host) delete the mark only if, atomically, it carries ``token`` and the
         user's request list is empty; False (nothing changed) otherwise - a request is

@@ -52,11 +52,14 @@ RESTART_DELAY_S = 1.0
 @attrs.frozen
 class HostSettings:
     """``mark_ttl_s``: lifetime of the lease (the active mark); it is renewed every third of
-    it. ``poll_s``: how long one blocking take waits before the loop looks at the clock."""
+    it. ``poll_s``: how long one blocking take waits before the loop looks at the clock.
+    ``sweep_s``: how often the host looks for orphaned users (requests waiting with no
+    lease: their host died) and starts them, so no request waits for the user's next order."""
 
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     mark_ttl_s: float = 30.0
     poll_s: float = 1.0
+    sweep_s: float = 5.0
 
 
 @attrs.define
@@ -141,8 +144,12 @@ class WorkerHost:
         return slot
 
     async def _consume_control(self) -> None:
+        last_sweep: datetime | None = None
         while True:
             try:
+                if last_sweep is None or self._seconds_since(last_sweep) >= self._settings.sweep_s:
+                    last_sweep = self._clock.now()
+                    await self.sweep()
                 user_id = await self._directory.next_start_request(self._settings.poll_s)
             except asyncio.CancelledError:
                 raise
@@ -152,6 +159,15 @@ class WorkerHost:
                 continue
             if user_id is not None:
                 self.activate(user_id)
+
+    async def sweep(self) -> list[str]:
+        """Start the users whose requests wait with no lease (a dead host's); their new
+        workers recover what is waiting or in flight. Returns the users started here."""
+        orphans = await self._directory.orphaned_users()
+        for user_id in orphans:
+            log.warning("user %s has requests but no worker: starting one", user_id)
+            self.activate(user_id)
+        return orphans
 
     async def _serve(self, user_id: str, slot: _Slot) -> None:
         settings = self._settings

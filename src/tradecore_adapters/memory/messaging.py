@@ -135,6 +135,12 @@ class MemoryWorkerDirectory:
     async def next_start_request(self, timeout_s: float) -> str | None:
         return await _wait_for(self._starts_bell, _ANY, self._pop_start, timeout_s)
 
+    async def orphaned_users(self, limit: int = 100) -> list[str]:
+        queue = self._queue
+        if queue is None:
+            return []
+        return [u for u in queue.users_with_requests() if not self.is_marked(u)][:limit]
+
     async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
         lease = self._lease(user_id)
         if lease is not None and lease.holder != holder:
@@ -206,6 +212,13 @@ class MemoryOrderQueue:
         self._replies: dict[str, tuple[OrderResult, datetime]] = {}
         self._requests_bell = _Doorbell()
         self._replies_bell = _Doorbell()
+
+    def users_with_requests(self) -> list[str]:
+        """Users with a request waiting or in flight."""
+        users = {u for u, w in self._waiting.items() if w} | {
+            u for u, t in self._taken.items() if t
+        }
+        return sorted(users)
 
     def has_waiting(self, user_id: str) -> bool:
         """A request of ``user_id`` waits to be taken (synchronous, for ``retire``)."""

@@ -272,6 +272,25 @@ class RedisWorkerDirectory:
         with unavailable_on_failure("active mark"):
             return bool(await self._client.exists(mark_key(user_id)))
 
+    async def orphaned_users(self, limit: int = 100) -> list[str]:
+        """SCAN the request and in-flight lists (a sweep, not a hot path) for users whose
+        list is non-empty and whose mark is absent."""
+        found: list[str] = []
+        with unavailable_on_failure("orphan sweep"):
+            async for raw in self._client.scan_iter(match="trading:user:*", count=500):
+                key = text(raw)
+                for suffix in (":requests", ":processing"):
+                    if not key.endswith(suffix):
+                        continue
+                    user_id = key[len("trading:user:") : -len(suffix)]
+                    if user_id in found or await self._client.exists(mark_key(user_id)):
+                        continue
+                    if await self._client.llen(key):
+                        found.append(user_id)
+                if len(found) >= limit:
+                    break
+        return found
+
     async def request_start(self, user_id: str) -> None:
         with unavailable_on_failure("start request"):
             await self._request_start(keys=[CONTROL_KEY, CONTROL_PENDING_KEY], args=[user_id])
