@@ -28,9 +28,7 @@ import attrs
 from tradecore.ports.identity import Mailer, PasswordHasher
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.dashboard_order import DashboardOrders
-from tradecore.services.dispatch import OrderDispatcher
 from tradecore.services.fill_verifier import FillVerifier
-from tradecore.services.order_checks import OrderChecks
 from tradecore.services.provisioning import Provisioning
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
@@ -61,6 +59,7 @@ from tradecore_adapters.memory.repositories import (
     MemoryUserRepository,
 )
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
+from tradecore_entrypoints.wiring import order_flows
 
 FILL_POLL_S = 0.2
 
@@ -165,9 +164,24 @@ def build_embedded(
     brokers = PaperBrokerFactory(exchange, simulation_exchange, clock)
 
     mailer = mailer or outbox
-    events = SecurityEvents(audit, users, throttle, mailer, clock)
-    checks = OrderChecks(limiter, orders, PaperInstrumentDirectory(exchange), settings)
-    dispatcher = OrderDispatcher(orders, queue, directory, random, settings)
+    flows = order_flows(
+        users=users,
+        accounts=accounts,
+        orders=orders,
+        audit=audit,
+        allowed_ips=allowed_ips,
+        replay=replay,
+        limiter=limiter,
+        throttle=throttle,
+        mailer=mailer,
+        queue=queue,
+        directory=directory,
+        instruments=PaperInstrumentDirectory(exchange),
+        hasher=hasher or Argon2PasswordHasher(),
+        clock=clock,
+        random=random,
+        settings=settings,
+    )
 
     def make_worker(user_id: str) -> UserWorker:
         return UserWorker(user_id, orders, brokers, fill_tasks, clock, sleeper)
@@ -198,14 +212,10 @@ def build_embedded(
         fill_tasks=fill_tasks,
         exchange=exchange,
         simulation_exchange=simulation_exchange,
-        events=events,
-        provisioning=Provisioning(users, accounts, hasher or Argon2PasswordHasher(), clock, random),
-        webhooks=WebhookIntake(
-            accounts, allowed_ips, replay, checks, dispatcher, events, clock, settings
-        ),
-        dashboard=DashboardOrders(
-            accounts, allowed_ips, checks, dispatcher, events, clock, settings
-        ),
+        events=flows.events,
+        provisioning=flows.provisioning,
+        webhooks=flows.webhooks,
+        dashboard=flows.dashboard,
         host=host,
         verifier=FillVerifier(fill_tasks, orders, host.check_order_status, clock),
     )

@@ -23,9 +23,7 @@ import attrs
 from tradecore.ports.identity import Mailer, PasswordHasher
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.dashboard_order import DashboardOrders
-from tradecore.services.dispatch import OrderDispatcher
 from tradecore.services.fill_verifier import FillVerifier
-from tradecore.services.order_checks import OrderChecks
 from tradecore.services.provisioning import Provisioning
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
@@ -60,6 +58,7 @@ from tradecore_adapters.redis import (
     open_connections,
 )
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
+from tradecore_entrypoints.wiring import order_flows
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +189,24 @@ def build_api_system(
     directory = RedisWorkerDirectory(connections.redis)
     exchange = PaperExchange()
 
-    events = SecurityEvents(audit, users, throttle, outbox, clock)
-    checks = OrderChecks(limiter, orders, PaperInstrumentDirectory(exchange), settings)
-    dispatcher = OrderDispatcher(orders, queue, directory, random, settings)
+    flows = order_flows(
+        users=users,
+        accounts=accounts,
+        orders=orders,
+        audit=audit,
+        allowed_ips=allowed_ips,
+        replay=replay,
+        limiter=limiter,
+        throttle=throttle,
+        mailer=outbox,
+        queue=queue,
+        directory=directory,
+        instruments=PaperInstrumentDirectory(exchange),
+        hasher=hasher or Argon2PasswordHasher(),
+        clock=clock,
+        random=random,
+        settings=settings,
+    )
     return ProductionSystem(
         clock=clock,
         sleeper=sleeper,
@@ -217,14 +231,10 @@ def build_api_system(
         fill_tasks=RedisFillTaskQueue(commands),
         exchange=exchange,
         simulation_exchange=PaperExchange(),
-        events=events,
-        provisioning=Provisioning(users, accounts, hasher or Argon2PasswordHasher(), clock, random),
-        webhooks=WebhookIntake(
-            accounts, allowed_ips, replay, checks, dispatcher, events, clock, settings
-        ),
-        dashboard=DashboardOrders(
-            accounts, allowed_ips, checks, dispatcher, events, clock, settings
-        ),
+        events=flows.events,
+        provisioning=flows.provisioning,
+        webhooks=flows.webhooks,
+        dashboard=flows.dashboard,
     )
 
 
