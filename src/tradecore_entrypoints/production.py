@@ -63,9 +63,16 @@ from tradecore_entrypoints.wiring import order_flows
 log = logging.getLogger(__name__)
 
 DATABASE_TIMEOUT_S = 5.0
+# How long a request waits for a database connection: short, so that with Postgres down a
+# webhook gets its 503 well inside TradingView's 3 s and the sender can resend.
+CONNECTION_WAIT_S = 1.5
 REDIS_TIMEOUT_S = 2.0
-FILL_POLL_S = 0.5
-WORKER_POLL_S = 5.0  # a push wakes an idle worker at once; this only bounds the clock checks
+FILL_POLL_S = 5.0  # a receive waits for the next due check or a wake-up, not for this
+FILL_RETRY_S = 0.5
+# A push wakes an idle worker at once and the host's heartbeat keeps its lease, so this only
+# bounds how often an idle worker looks at its request list and its idle clock: rarely, so
+# thousands of idle workers cost (almost) no round trips.
+WORKER_POLL_S = 30.0
 
 
 @attrs.define
@@ -77,7 +84,13 @@ class Connections:
 
     @classmethod
     def create(cls, database_url: str, redis_url: str, *, pool_size: int) -> Connections:
-        pool = make_pool(database_url, min_size=1, max_size=pool_size, timeout_s=DATABASE_TIMEOUT_S)
+        pool = make_pool(
+            database_url,
+            min_size=1,
+            max_size=pool_size,
+            timeout_s=CONNECTION_WAIT_S,
+            statement_timeout_s=DATABASE_TIMEOUT_S,
+        )
         return cls(pool, open_connections(redis_url, socket_timeout_s=REDIS_TIMEOUT_S))
 
     async def open(self) -> None:
@@ -145,6 +158,7 @@ class ProductionSystem:
     async def stop(self) -> None:
         await self.events.drain()
         await self.queue.aclose()
+        await self.fill_tasks.aclose()
         await self.connections.close()
 
     @contextlib.asynccontextmanager
@@ -249,6 +263,7 @@ class WorkerSystem:
 
     connections: Connections
     queue: RedisOrderQueue
+    fill_tasks: RedisFillTaskQueue
     host: WorkerHost
     verifier: FillVerifier
     _verifier_task: asyncio.Task[None] | None = None
@@ -265,6 +280,7 @@ class WorkerSystem:
                 await self._verifier_task
         await self.host.stop()
         await self.queue.aclose()
+        await self.fill_tasks.aclose()
         await self.connections.close()
 
     async def _verify_forever(self) -> None:
@@ -275,7 +291,7 @@ class WorkerSystem:
                 raise
             except Exception:
                 log.exception("fill verification failed; retrying")
-                await asyncio.sleep(FILL_POLL_S)
+                await asyncio.sleep(FILL_RETRY_S)
 
 
 def build_worker_system(
@@ -310,4 +326,4 @@ def build_worker_system(
         directory, queue, make_worker, clock, sleeper, settings, holder=holder or host_identity()
     )
     verifier = FillVerifier(fill_tasks, orders, host.check_order_status, clock)
-    return WorkerSystem(connections, queue, host, verifier)
+    return WorkerSystem(connections, queue, fill_tasks, host, verifier)

@@ -256,9 +256,12 @@ class RedisHarness(KvHarness):
         self.throttle: RedisAlertThrottle = RedisAlertThrottle(client)
         self.directory = RedisWorkerDirectory(connections)
         self.queue: RedisOrderQueue = RedisOrderQueue(connections)
+        self._task_queues: list[RedisFillTaskQueue] = []
 
     def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
-        return RedisFillTaskQueue(self.connections.commands, visibility_timeout_s)
+        tasks = RedisFillTaskQueue(self.connections.commands, visibility_timeout_s)
+        self._task_queues.append(tasks)
+        return tasks
 
     def key(self, kind: Kind, ident: str) -> str:
         if kind == "replay":
@@ -292,6 +295,8 @@ class RedisHarness(KvHarness):
 
     async def aclose(self) -> None:
         await self.queue.aclose()
+        for tasks in self._task_queues:
+            await tasks.aclose()
 
 
 def _kv_params() -> Iterator[object]:

@@ -15,6 +15,9 @@ from tradecore.ports.messaging import FillDelivery, FillTaskQueue
 
 NEVER_S = 5.0
 SHORT_S = 0.2
+SETTLE_S = 0.05
+LONG_S = 60.0
+"""A receive that only a wake-up ends within NEVER_S."""
 
 
 async def received(tasks: FillTaskQueue, timeout_s: float = 0) -> FillDelivery:
@@ -86,6 +89,34 @@ async def test_receive_waits_for_a_send(kv: KvHarness) -> None:
     await tasks.send(fill_task("o1"), 0)
     delivery = await waiter
     assert delivery is not None and delivery.task == fill_task("o1")
+
+
+async def test_a_send_ends_a_wait_for_a_later_message(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("later"), 60)  # the waiting receiver sleeps until it is due...
+    assert await tasks.receive(SETTLE_S) is None  # (a receiver that has waited before)
+    waiter = asyncio.create_task(tasks.receive(LONG_S))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await tasks.send(fill_task("now", user_id="u2"), 0)  # ...unless something comes sooner
+    delivery = await asyncio.wait_for(waiter, NEVER_S)
+    assert delivery is not None and delivery.task == fill_task("now", user_id="u2")
+
+
+async def test_settling_a_message_wakes_a_receiver_for_the_next_of_its_group(
+    kv: KvHarness,
+) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    first = await received(tasks)
+    assert await tasks.receive(SETTLE_S) is None  # (a receiver that has waited before)
+    waiter = asyncio.create_task(tasks.receive(LONG_S))  # o2 waits for o1's group
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await tasks.ack(first)
+    delivery = await asyncio.wait_for(waiter, NEVER_S)
+    assert delivery is not None and delivery.task == fill_task("o2")
 
 
 async def test_receive_gives_up_after_its_timeout(kv: KvHarness) -> None:

@@ -392,6 +392,36 @@ async def test_renew_is_false_after_a_takeover_and_leaves_the_new_lease_alone(
     assert await kv.directory.renew("u1", fresh, 30)
 
 
+async def test_renew_many_renews_each_lease_that_carries_its_token(kv: KvHarness) -> None:
+    mine = await hold(kv, "u1", "h1", 30)
+    expired = await hold(kv, "u2", "h1", SHORT_TTL_S)
+    taken = await hold(kv, "u3", "h1", SHORT_TTL_S)
+    also_mine = await hold(kv, "u5", "h1", 30)
+    await kv.outlive("mark", "u2")
+    await kv.outlive("mark", "u3")
+    successor = await hold(kv, "u3", "h2", 30)
+
+    lost = await kv.directory.renew_many(
+        {"u1": mine, "u2": expired, "u3": taken, "u4": 7, "u5": also_mine + 1}, 90
+    )
+
+    assert lost == {"u2", "u3", "u4", "u5"}
+    assert_ttl(await kv.ttl_s("mark", "u1"), 90)
+    assert not await kv.directory.is_active("u2")  # an expired lease is not revived
+    assert_ttl(await kv.ttl_s("mark", "u3"), 30)  # the successor's lease is left alone
+    assert await kv.directory.renew("u3", successor, 30)
+    assert_ttl(await kv.ttl_s("mark", "u5"), 30)  # a wrong token renews nothing
+    assert await kv.directory.renew_many({}, 30) == set()
+
+
+async def test_renew_many_covers_more_leases_than_one_batch(kv: KvHarness) -> None:
+    tokens = {f"user-{n}": await hold(kv, f"user-{n}", "h1", 30) for n in range(450)}
+    tokens["user-7"] += 1
+    lost = await kv.directory.renew_many(tokens, 90)
+    assert lost == {"user-7"}
+    assert_ttl(await kv.ttl_s("mark", "user-449"), 90)
+
+
 async def test_release_removes_only_the_lease_that_carries_the_token(kv: KvHarness) -> None:
     stale = await hold(kv, "u1", "h1")
     await kv.lapse("mark", "u1")

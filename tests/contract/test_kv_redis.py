@@ -431,3 +431,17 @@ def test_decimals_keep_their_digits_and_exponent() -> None:
         request = attrs.evolve(order_request("r1"), quantity=quantity)
         decoded = codec.decode_request(codec.encode_request(request)).quantity
         assert decoded.as_tuple() == quantity.as_tuple()
+
+
+@pytest.mark.redis
+async def test_a_waiting_receiver_takes_a_delayed_message_when_it_is_due(
+    redis_connections: RedisConnections,
+) -> None:
+    tasks = RedisFillTaskQueue(redis_connections.commands)
+    try:
+        await tasks.send(fill_task("o1"), 0.2)
+        delivery = await tasks.receive(5.0)  # one call: it sleeps until the timer, then looks
+        assert delivery is not None and delivery.task == fill_task("o1")
+        assert await tasks.receive(0) is None
+    finally:
+        await tasks.aclose()

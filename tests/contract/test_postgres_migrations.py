@@ -6,6 +6,7 @@ import asyncio
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 import pytest
@@ -29,6 +30,7 @@ from tradecore_adapters.postgres import (
     open_pool,
 )
 from tradecore_adapters.postgres.migrate import migration_files
+from tradecore_adapters.postgres.pool import ConnectionCheck, socket_quiet
 
 pytestmark = pytest.mark.postgres
 
@@ -146,3 +148,81 @@ async def test_statement_timeout_is_database_unavailable(pg_conninfo: str, pg_po
         assert await history.get("o-1") == record
     finally:
         await short.close()
+
+
+# --- the pool's check on checkout ----------------------------------------------------------
+
+
+async def backend_pid(pool: Pool) -> int:
+    async with pool.connection() as conn:
+        return conn.info.backend_pid
+
+
+async def terminate(pg_pool: Pool, pid: int) -> None:
+    """End a backend from another session and wait (bounded) until it is gone."""
+    async with pg_pool.connection() as conn:
+        await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(200):
+            cursor = await conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if await cursor.fetchone() is None:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} still running")
+
+
+@pytest.mark.parametrize("checked", [True, False])
+async def test_a_connection_the_server_ended_is_replaced_before_it_is_lent(
+    pg_conninfo: str, pg_pool: Pool, checked: bool
+) -> None:
+    pool = await open_pool(
+        pg_conninfo, min_size=1, max_size=1, timeout_s=2, check_on_checkout=checked
+    )
+    try:
+        users = PostgresUserRepository(pool)
+        await users.get("user-1")  # in steady use
+        await terminate(pg_pool, await backend_pid(pool))
+        if checked:
+            assert await users.get("user-1") is None  # on a new connection
+        else:  # without the check the request that draws the dead connection fails
+            with pytest.raises(DatabaseUnavailable):
+                await users.get("user-1")
+    finally:
+        await pool.close()
+
+
+class Pings:
+    def __init__(self) -> None:
+        self.count = 0
+        self.now = 100.0
+
+    async def ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.count += 1
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_the_check_pings_only_new_idle_or_disturbed_connections(pg_conninfo: str) -> None:
+    pings = Pings()
+    check = ConnectionCheck(5.0, ping=pings.ping, monotonic=pings.monotonic)
+    async with await psycopg.AsyncConnection.connect(pg_conninfo, autocommit=True) as conn:
+        await check.check(conn)
+        assert pings.count == 1  # never lent before
+        await check.returned(conn)
+        pings.now += 4.9
+        await check.check(conn)
+        assert pings.count == 1  # in steady use: the peek alone
+        await check.returned(conn)
+        pings.now += 5.0
+        await check.check(conn)
+        assert pings.count == 2  # idle long enough for a silent failure
+        await conn.execute("LISTEN pool_check")
+        await check.returned(conn)
+        async with await psycopg.AsyncConnection.connect(pg_conninfo, autocommit=True) as other:
+            await other.execute("NOTIFY pool_check")
+        for _ in range(200):  # the server sends the notification on its own
+            if not socket_quiet(conn):
+                break
+            await asyncio.sleep(0.01)
+        await check.check(conn)
+        assert pings.count == 3  # something unread on the socket: ping, not guess

@@ -32,6 +32,7 @@ from tradecore.orders import (
     Source,
 )
 from tradecore.ports.crypto import KeyStore
+from tradecore.ports.documents import DocumentStore
 from tradecore.ports.repositories import (
     AllowedIpRepository,
     ApiKeyRepository,
@@ -855,12 +856,19 @@ def json_text(document: dict[str, Any]) -> str:
     return repr(sorted(document.items()))
 
 
-# --- document store (Postgres only) --------------------------------------------------------
+# --- document store ------------------------------------------------------------------------
 
 
-@pytest.mark.postgres
-async def test_documents_load_what_was_last_saved(pg_pool: Pool) -> None:
-    docs = PostgresDocumentStore(pg_pool)
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+def documents(request: pytest.FixtureRequest) -> DocumentStore:
+    if request.param == "memory":
+        return MemoryDocumentStore()
+    return PostgresDocumentStore(request.getfixturevalue("pg_pool"))
+
+
+async def test_documents_load_what_was_last_saved(documents: DocumentStore) -> None:
+    docs = documents
+    assert isinstance(docs, DocumentStore)
     assert await docs.load("paper") is None
     first = {"positions": {"BTCUSDT": "0.010"}, "orders": [1, 2], "ok": True}
     await docs.save("paper", first)
@@ -868,3 +876,72 @@ async def test_documents_load_what_was_last_saved(pg_pool: Pool) -> None:
     await docs.save("paper", {"positions": {}})
     assert await docs.load("paper") == {"positions": {}}
     assert await docs.load("other") is None
+
+
+async def test_save_many_stores_each_document_under_its_name(documents: DocumentStore) -> None:
+    await documents.save("book", {"cash": "100"})
+    await documents.save("other", {"kept": True})
+
+    await documents.save_many(
+        {"book": {"cash": "90", "open": []}, "book:order:1": {"status": "filled", "n": 1}}
+    )
+    await documents.save_many({})
+
+    assert await documents.load("book") == {"cash": "90", "open": []}
+    assert await documents.load("book:order:1") == {"status": "filled", "n": 1}
+    assert await documents.load("other") == {"kept": True}
+
+
+async def test_a_saved_document_is_a_copy(documents: DocumentStore) -> None:
+    book: dict[str, Any] = {"holdings": {"BTCUSDT": "1"}}
+    await documents.save_many({"book": book})
+    book["holdings"]["BTCUSDT"] = "2"
+    loaded = await documents.load("book")
+    assert loaded == {"holdings": {"BTCUSDT": "1"}}
+
+
+@pytest.mark.postgres
+async def test_save_many_stores_all_or_nothing(pg_pool: Pool) -> None:
+    documents = PostgresDocumentStore(pg_pool)
+    await documents.save("book", {"cash": "100"})
+    # jsonb refuses a NUL character: the whole statement fails
+    with pytest.raises(Exception, match="unsupported Unicode escape sequence"):
+        await documents.save_many({"book": {"cash": "90"}, "book:order:1": {"note": "\x00"}})
+    assert await documents.load("book") == {"cash": "100"}
+    assert await documents.load("book:order:1") is None
+
+
+# --- audit chain: group commit and several processes (Postgres) ----------------------------
+
+
+@pytest.mark.postgres
+async def test_appends_of_several_processes_form_one_chain_in_id_order(pg_pool: Pool) -> None:
+    processes = [PostgresAuditLog(pg_pool) for _ in range(3)]  # each with its own head cache
+    entries = [entry(f"user-{i % 4}", AuditAction.WEBHOOK_ORDER, i) for i in range(60)]
+
+    ids = await asyncio.gather(*(processes[i % 3].append(e) for i, e in enumerate(entries)))
+
+    sealed = await processes[0].chain()
+    assert sorted(ids) == [s.id for s in sealed]
+    assert len(set(ids)) == len(entries)
+    assert first_break(sealed) is None
+    assert sealed[0].previous == GENESIS
+    by_id = {s.id: s.entry for s in sealed}
+    assert [by_id[i].created_at for i in ids] == [e.created_at for e in entries]
+
+
+@pytest.mark.postgres
+async def test_an_entry_the_database_refuses_fails_only_its_own_append(pg_pool: Pool) -> None:
+    audit = PostgresAuditLog(pg_pool)
+    bad_context = RequestContext("not-an-address", "agent", "/webhook", "POST")
+    good = [entry("user-1", AuditAction.LOGIN, i) for i in range(5)]
+    bad = attrs.evolve(entry("user-1", AuditAction.LOGIN, 9), context=bad_context)
+
+    outcomes = await asyncio.gather(
+        *(audit.append(e) for e in [*good[:2], bad, *good[2:]]), return_exceptions=True
+    )
+
+    assert [isinstance(o, int) for o in outcomes] == [True, True, False, True, True, True]
+    sealed = await audit.chain()
+    assert [s.entry.created_at for s in sealed] == [e.created_at for e in good]
+    assert first_break(sealed) is None

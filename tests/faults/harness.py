@@ -28,16 +28,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import attrs
 import psycopg
 import redis
+
+from tradecore_adapters.redis.messaging import mark_key
 
 TRADECORE = Path(sys.executable).with_name("tradecore")
 PASSWORD = "correct horse battery staple"
@@ -46,6 +49,7 @@ STOP_TIMEOUT_S = 5.0
 CLI_TIMEOUT_S = 30.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 15.0
 
 # Variables of the operator's environment that would change what the processes do.
 _CONFIG_VARIABLES = (
@@ -190,11 +194,18 @@ class RedisServer:
         if process is not None:
             process.wait(STOP_TIMEOUT_S)
 
-    def run(self, *command: str) -> Any:
-        """One command on the server (FLUSHALL, DEL ...)."""
+    def flushall(self) -> None:
+        """FLUSHALL: every key is gone, as after a failover to an empty replica."""
         client = self.client()
         try:
-            return client.execute_command(*command)
+            client.flushall()
+        finally:
+            client.close()
+
+    def delete(self, key: str) -> None:
+        client = self.client()
+        try:
+            client.delete(key)
         finally:
             client.close()
 
@@ -240,8 +251,8 @@ class TcpProxy:
         self._thread.join(STOP_TIMEOUT_S)
         self._loop.close()
 
-    def _call(self, work: Awaitable[None]) -> None:
-        asyncio.run_coroutine_threadsafe(work, self._loop).result(STOP_TIMEOUT_S)  # type: ignore[arg-type]
+    def _call(self, work: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(work, self._loop).result(STOP_TIMEOUT_S)
 
     async def _start(self) -> None:
         if self._server is None:
@@ -294,9 +305,11 @@ class Database:
 
     def via(self, host: str, port: int) -> str:
         """The same database at another address (the proxy), as a postgresql:// URL."""
-        name = psycopg.conninfo.conninfo_to_dict(self.conninfo)["dbname"]
-        user = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("user") or "postgres"
-        return f"postgresql://{user}@{host}:{port}/{name}"
+        parts = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        user = quote(str(parts.get("user") or "postgres"), safe="")
+        password = parts.get("password")
+        credentials = user if password is None else f"{user}:{quote(str(password), safe='')}"
+        return f"postgresql://{credentials}@{host}:{port}/{parts['dbname']}"
 
     @property
     def url(self) -> str:
@@ -306,7 +319,7 @@ class Database:
         async with await psycopg.AsyncConnection.connect(
             self.conninfo, autocommit=True, connect_timeout=5
         ) as conn:
-            cursor = await conn.execute(query, params)  # type: ignore[arg-type]
+            cursor = await conn.execute(query, params)
             return await cursor.fetchall()
 
     async def order_status(self, order_id: str) -> str | None:
@@ -342,6 +355,8 @@ class Process:
         self.name = name
         self.process = process
         self.log = log
+        self.forced = False
+        """True when ``stop`` had to SIGKILL it: SIGTERM did not end it in time."""
 
     @property
     def pid(self) -> int:
@@ -355,9 +370,9 @@ class Process:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def tail(self) -> str:
-        return f"--- {self.name} (pid {self.pid}, exit {self.process.returncode}) ---\n" + _tail(
-            self.log
-        )
+        forced = ", SIGKILLed after SIGTERM" if self.forced else ""
+        header = f"--- {self.name} (pid {self.pid}, exit {self.process.returncode}{forced}) ---"
+        return header + "\n" + _tail(self.log)
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
@@ -366,15 +381,34 @@ class Process:
         await self.process.wait()
 
     async def stop(self) -> None:
-        """SIGTERM, and SIGKILL when it has not exited within STOP_TIMEOUT_S."""
+        """SIGTERM, and SIGKILL when it has not exited within STOP_TIMEOUT_S (its stacks
+        are first dumped into its log when py-spy is installed)."""
         if self.running:
             self.process.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
                 return
             except TimeoutError:
+                self.forced = True
+                await self._dump_stacks()
                 self.process.kill()
         await self.process.wait()
+
+    async def _dump_stacks(self) -> None:
+        py_spy = Path(sys.executable).with_name("py-spy")
+        if not py_spy.exists():
+            return
+        with self.log.open("ab") as log:
+            log.write(b"\n--- stacks at SIGKILL (py-spy dump) ---\n")
+            log.flush()
+            dump = await asyncio.create_subprocess_exec(
+                str(py_spy), "dump", "--pid", str(self.pid), stdout=log, stderr=log
+            )
+            try:
+                await asyncio.wait_for(dump.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                dump.kill()
+                await dump.wait()
 
 
 @attrs.frozen
@@ -416,14 +450,88 @@ async def run_cli(
     return result
 
 
+@attrs.frozen
+class Trader:
+    """The module's user, created with ``tradecore admin create-user``; ``admin_env`` runs
+    admin commands (database reached directly, the module's own Redis)."""
+
+    database: Database
+    admin_env: Mapping[str, str]
+    secrets: Mapping[str, str]
+    email: str
+    user_id: str
+
+
 class Stack:
     """One test's tradecore processes over its private Redis and a Postgres proxy."""
 
-    def __init__(self, workdir: Path, redis_server: RedisServer, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, workdir: Path, trader: Trader, redis_server: RedisServer, proxy: TcpProxy
+    ) -> None:
         self.workdir = workdir
+        self.trader = trader
+        self.db = trader.database
         self.redis = redis_server
-        self.env = dict(env)
+        self.proxy = proxy
+        self.env = base_environment(
+            DATABASE_URL=trader.database.via("127.0.0.1", proxy.port),
+            REDIS_URL=redis_server.url,
+            WORKER_START_TIMEOUT_S="10",
+            **trader.secrets,
+        )
         self.processes: list[Process] = []
+        self._accounts = 0
+
+    async def new_account(self) -> Account:
+        """A verified paper account of the trader (``tradecore admin create-account``)."""
+        self._accounts += 1
+        printed = await run_cli(
+            [
+                "admin",
+                "create-account",
+                "--email",
+                self.trader.email,
+                "--name",
+                f"{self.workdir.name} {self._accounts}",
+                "--verified",
+            ],
+            self.trader.admin_env,
+        )
+        return Account(
+            printed["trading_account_id"], printed["webhook_token"], printed["webhook_secret"]
+        )
+
+    async def end_lease(self) -> None:
+        """The trader's worker lease runs out now (as it would 30 s after its host died)."""
+        await asyncio.to_thread(self.redis.delete, mark_key(self.trader.user_id))
+
+    async def order_reaches(
+        self, order_id: str, status: str, *, timeout_s: float = SETTLE_TIMEOUT_S
+    ) -> None:
+        """Return once the order-history row has ``status``; AssertionError with the row
+        and the logs after ``timeout_s``."""
+        last: list[tuple[Any, ...]] = []
+
+        async def reached() -> bool:
+            last[:] = await self.db.rows(
+                "SELECT status, error FROM order_history WHERE id = %s", order_id
+            )
+            return bool(last) and last[0][0] == status
+
+        def diagnose() -> str:
+            return f"the row (status, error): {last}\n{self.logs()}"
+
+        await eventually(
+            reached, f"order {order_id} to be {status}", timeout_s=timeout_s, diagnose=diagnose
+        )
+
+    async def executed(self, reply: Reply) -> None:
+        """The order ``reply`` answered was carried out: 200 filled, or 202 (the worker was
+        still reconnecting) and filled soon after."""
+        assert reply.status in (200, 202), reply
+        if reply.status == 200:
+            assert reply.body["status"] == "filled", reply
+        await self.order_reaches(reply.body["order_id"], "filled")
 
     async def api(self, **extra_env: str) -> Api:
         """Start ``tradecore serve`` on a free port; return once ``/health/ready`` is 200."""
@@ -431,7 +539,7 @@ class Stack:
         process = await self._spawn(
             f"api-{port}", ["serve", "--host", "127.0.0.1", "--port", str(port)], extra_env
         )
-        api = Api(f"http://127.0.0.1:{port}")
+        api = Api(f"http://127.0.0.1:{port}", process)
 
         async def ready() -> bool:
             if not process.running:
@@ -513,8 +621,9 @@ def webhook_body(
 class Api:
     """One API process, called as a user would call it."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, process: Process | None = None) -> None:
         self.base_url = base_url
+        self.process = process
 
     async def _call(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None, **kwargs: Any
@@ -591,7 +700,7 @@ class Api:
         )
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def _tail(path: Path, lines: int = 60) -> str:
     if not path.exists():
         return "(no log)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

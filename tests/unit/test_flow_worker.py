@@ -495,3 +495,21 @@ async def test_orders_of_a_dead_host_are_picked_up_without_waiting_for_a_new_ord
 
     assert result is not None and result.status is OrderStatus.FILLED
     assert trader.position() == Decimal(1)
+
+
+@pytest.mark.parametrize("settings", [OrderSettings(worker_start_timeout_s=2)])
+async def test_a_worker_whose_lease_vanished_is_replaced_at_the_next_order(
+    trader: Trader,
+) -> None:
+    system = trader.system
+    assert isinstance(await trader.send(trader.body(quantity=1)), Accepted)
+    # the key-value store lost the lease (a flush or failover) while the worker runs
+    token = await system.directory.acquire(trader.user.id, "embedded", 30)
+    assert token is not None
+    await system.directory.release(trader.user.id, token)
+
+    outcome = await trader.send(trader.body(quantity=2))
+
+    assert isinstance(outcome, Accepted)
+    assert outcome.result.status is OrderStatus.FILLED
+    assert trader.position() == Decimal(3)

@@ -3,12 +3,14 @@ simulated network conditions (latency, dropped lines)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
 from tradecore.broker import BrokerOrderStatus
-from tradecore.errors import BrokerDisconnected
+from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.orders import Side
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
@@ -100,3 +102,86 @@ async def test_simulated_conditions_delay_every_call_and_drop_the_line() -> None
     await broker.connect()
     assert await broker.positions() == {}
     assert sleeper.slept == [0.05] * 6
+
+
+class CountingStore(MemoryDocumentStore):
+    """Counts writes; ``fail_next`` makes the next write fail (a database outage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.fail_next = False
+
+    async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
+        self.writes += 1
+        if self.fail_next:
+            self.fail_next = False
+            raise DatabaseUnavailable("database unavailable: test")
+        await super().save_many(documents)
+
+    async def save(self, name: str, document: dict[str, Any]) -> None:
+        await self.save_many({name: document})
+
+
+async def test_a_placement_saves_the_order_and_the_book_in_one_write() -> None:
+    store, clock = CountingStore(), FakeClock()
+    _, factory = host(store, clock)
+    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+
+    await broker.place_order("ord-4-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    assert store.writes == 1
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-4-entry") is not None
+
+
+async def test_calls_that_change_nothing_write_nothing() -> None:
+    store, clock = CountingStore(), FakeClock()
+    _, factory = host(store, clock)
+    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    placed = await broker.place_order("ord-5-entry", "BTCUSDT", Side.BUY, Decimal(1))
+    writes = store.writes
+
+    again = await broker.place_order("ord-5-entry", "BTCUSDT", Side.BUY, Decimal(1))
+    status = await broker.order_status("ord-5-entry")  # filled at placement: nothing moves
+    unknown = await broker.order_status("never-placed")
+
+    assert again == placed == status and unknown is None
+    assert store.writes == writes
+
+
+async def test_a_poll_that_moves_an_open_order_is_saved() -> None:
+    store, clock = CountingStore(), FakeClock()
+    exchange, factory = host(store, clock)
+    exchange.delay_next_fill(2)
+    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    await broker.place_order("ord-6-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    await broker.order_status("ord-6-entry")  # one poll of two: still pending, but counted
+    _, restarted = host(store, clock)
+    moved = restarted.open(ACCOUNT, "paper", simulation=False)
+    await moved.connect()
+    filled = await moved.order_status("ord-6-entry")
+
+    assert filled is not None and filled.status is BrokerOrderStatus.FILLED
+
+
+async def test_a_failed_save_is_made_good_by_the_next_call() -> None:
+    store, clock = CountingStore(), FakeClock()
+    _, factory = host(store, clock)
+    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    store.fail_next = True
+    with pytest.raises(DatabaseUnavailable):
+        await broker.place_order("ord-7-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-7-entry") is None
+
+    # the worker runs the order again: the broker has it, the store catches up
+    await broker.place_order("ord-7-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-7-entry") is not None
+    book = await store.load(f"paper:live:{ACCOUNT}")
+    assert book is not None and book["holdings"]["BTCUSDT"]["quantity"] == "1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -13,4 +14,9 @@ class DocumentStore(Protocol):
 
     async def save(self, name: str, document: dict[str, Any]) -> None:
         """Store ``document`` under ``name``, replacing any earlier one, durably."""
+        ...
+
+    async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
+        """Store each document under its name, replacing earlier ones, durably and
+        atomically: after a failure either all of them or none of them are stored."""
         ...

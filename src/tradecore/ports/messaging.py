@@ -7,6 +7,7 @@ Names follow the specification's "Internal messages": ``worker:active:{user_id}`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -90,6 +91,12 @@ class WorkerDirectory(Protocol):
         """(Worker host) reset the lease's time to live to ``ttl_s`` if, atomically, the mark
         still carries ``token``; False (nothing changed) when it does not: the lease expired
         or another holder took it, and the caller must stop serving the user."""
+        ...
+
+    async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
+        """(Worker host) ``renew`` each lease of ``leases`` (user id -> token), as that call
+        would, in few round trips (a host renews all its leases at once); the users whose
+        lease was not renewed: each of them must no longer be served by the caller."""
         ...
 
     async def release(self, user_id: str, token: int) -> None:

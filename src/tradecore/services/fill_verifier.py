@@ -1,7 +1,8 @@
 """Fill verification: the consumer of order-tasks (specification, "Fill verification").
 
 Each delivery asks the order's user worker for the broker's view (``check_order_status``),
-decides the next state with ``tradecore.fills.decide``, writes fill data to order history, and
+decides the next state with ``tradecore.fills.decide``, writes fill data to order history (only
+what differs from the row: a check that confirms what placement recorded writes nothing), and
 settles the message: delete it (final outcome), re-queue it (pending: 30 s; partial), or move
 it to the dead-letter queue (retries exhausted). A check that cannot reach the broker counts
 as a pending observation, so a long outage ends in the dead letter, visible to operators.
@@ -103,5 +104,5 @@ class FillVerifier:
             changes["fill_price"] = observed.average_price
             if decision.order_status is OrderStatus.FILLED:
                 changes["filled_at"] = row.filled_at or self._clock.now()
-        if changes:
+        if any(getattr(row, field) != value for field, value in changes.items()):
             await self._orders.transition(row.id, _UPDATABLE, changes)

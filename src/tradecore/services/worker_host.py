@@ -4,15 +4,22 @@ Several hosts share the users. A host consumes start requests from worker-contro
 each, takes the user's lease (the ``worker:active:{user_id}`` mark with a fencing token, see
 ``WorkerDirectory``) under its own holder name. If another holder has the lease, that holder
 serves the user and this host lets the start request go. Otherwise one task of this host
-serves the user: it keeps the lease alive with a heartbeat (``renew`` every third of its time
-to live), recovers the requests a crashed worker left in flight, executes the user's requests
-in order, and retires after the idle timeout (12 h by default) - but only when no request is
-waiting, atomically, so no request is stranded. A host that dies stops renewing; its leases
-run out and its users are started elsewhere at their next request.
+serves the user: it recovers the requests a crashed worker left in flight, executes the
+user's requests in order, and retires after the idle timeout (12 h by default) - but only
+when no request is waiting, atomically, so no request is stranded. A host that dies stops
+renewing; its leases run out and its users are started elsewhere at their next request.
 
-The lease is checked before every request is taken: once ``renew`` says the lease is lost (a
+Leases are kept alive by the host's heartbeat: the worker-control loop renews, in one batch
+(``renew_many``), every lease of the host last renewed a sixth of its time to live ago or
+more, so an idle worker costs no round trip of its own and may wait long between looks at
+its request list (a push wakes it at once). A worker whose lease was not renewed in a third
+of its time to live (no control loop runs, or it stalled) renews it itself before taking a
+request.
+
+The lease is checked before every request is taken: once a renewal says the lease is lost (a
 stalled heartbeat let it expire, and maybe another host took it), the worker finishes the
-request in hand and never starts another. A lost lease can still leave a stale worker
+request in hand and never starts another; a start request for the user meanwhile starts a
+new worker at once. A lost lease can still leave a stale worker
 running one request next to its successor (the one in hand, which the successor also finds
 in flight); that is harmless, because execution is idempotent: the order-history row moves
 only by compare-and-set transitions (``queued -> submitted -> <outcome>``), so only one
@@ -51,10 +58,12 @@ RESTART_DELAY_S = 1.0
 
 @attrs.frozen
 class HostSettings:
-    """``mark_ttl_s``: lifetime of the lease (the active mark); it is renewed every third of
-    it. ``poll_s``: how long one blocking take waits before the loop looks at the clock.
-    ``sweep_s``: how often the host looks for orphaned users (requests waiting with no
-    lease: their host died) and starts them, so no request waits for the user's next order."""
+    """``mark_ttl_s``: lifetime of the lease (the active mark); the host's heartbeat renews
+    it every sixth of it, the worker itself when a third has passed. ``poll_s``: how long one
+    blocking take waits before the worker looks at the clock (its idle time, its lease) and
+    the longest wait of the control loop. ``sweep_s``: how often the host looks for orphaned
+    users (requests waiting with no lease: their host died) and starts them, so no request
+    waits for the user's next order."""
 
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     mark_ttl_s: float = 30.0
@@ -67,6 +76,9 @@ class _Slot:
     worker: UserWorker
     lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
+    token: int | None = None  # the lease the task serves under
+    renewed_at: datetime | None = None  # when its last renewal was sent
+    lost: bool = False  # a renewal failed: take nothing more
 
 
 class WorkerHost:
@@ -99,6 +111,7 @@ class WorkerHost:
         self._settings = settings or HostSettings()
         self._slots: dict[str, _Slot] = {}
         self._control: asyncio.Task[None] | None = None
+        self._confirming: set[asyncio.Task[None]] = set()
 
     @property
     def holder(self) -> str:
@@ -125,10 +138,41 @@ class WorkerHost:
 
     def activate(self, user_id: str) -> None:
         """Make sure the user is served: by this host, unless another holder has the lease
-        (then this task ends at once). Idempotent while the task runs."""
-        slot = self._slot(user_id)
+        (then this task ends at once). Idempotent while the task runs; a worker that lost
+        its lease is replaced at once (it stops at its next look)."""
+        slot = self._slots.get(user_id)
+        if slot is not None and slot.task is not None and not slot.lost:
+            # A start request while our worker runs: the API saw no lease (the key-value
+            # store lost it, or it lapsed). Check now instead of at the next renewal.
+            check = asyncio.create_task(self._confirm_lease(user_id, slot))
+            self._confirming.add(check)
+            check.add_done_callback(self._confirming.discard)
+            return
+        if slot is None or slot.lost:
+            # the replacement shares the lock, so the user's orders never run side by side
+            lock = asyncio.Lock() if slot is None else slot.lock
+            slot = _Slot(self._make_worker(user_id), lock=lock)
+            self._slots[user_id] = slot
         if slot.task is None:
             slot.task = asyncio.create_task(self._serve(user_id, slot), name=f"worker:{user_id}")
+
+    async def _confirm_lease(self, user_id: str, slot: _Slot) -> None:
+        """Renew the running worker's lease at once; when it is gone, replace the worker
+        now (the old one stops taking requests) so the waiting order is served."""
+        token = slot.token
+        try:
+            if token is None or await self._directory.renew(
+                user_id, token, self._settings.mark_ttl_s
+            ):
+                return
+        except Exception:
+            log.exception("lease of user %s could not be checked", user_id)
+            return
+        log.warning("worker of user %s lost its lease (token %d); replacing it", user_id, token)
+        slot.lost = True
+        if slot.task is not None and not slot.lock.locked():
+            slot.task.cancel()  # waiting for a request, not executing one
+        self.activate(user_id)
 
     async def check_order_status(self, row: OrderHistoryRecord) -> BrokerOrder | None:
         """Fill verification's check, run by the order's user worker between its orders."""
@@ -144,13 +188,16 @@ class WorkerHost:
         return slot
 
     async def _consume_control(self) -> None:
+        settings = self._settings
+        wait_s = min(settings.poll_s, settings.sweep_s, settings.mark_ttl_s / 6)
         last_sweep: datetime | None = None
         while True:
             try:
-                if last_sweep is None or self._seconds_since(last_sweep) >= self._settings.sweep_s:
+                if last_sweep is None or self._seconds_since(last_sweep) >= settings.sweep_s:
                     last_sweep = self._clock.now()
                     await self.sweep()
-                user_id = await self._directory.next_start_request(self._settings.poll_s)
+                await self.heartbeat()
+                user_id = await self._directory.next_start_request(wait_s)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -169,6 +216,34 @@ class WorkerHost:
             self.activate(user_id)
         return orphans
 
+    async def heartbeat(self) -> set[str]:
+        """Renew, in one batch, every lease of this host last renewed a sixth of its time to
+        live ago or more. Returns the users whose lease was lost; their workers take nothing
+        more."""
+        ttl_s = self._settings.mark_ttl_s
+        due = {
+            user_id: slot.token
+            for user_id, slot in self._slots.items()
+            if slot.token is not None
+            and not slot.lost
+            and slot.renewed_at is not None
+            and self._seconds_since(slot.renewed_at) >= ttl_s / 6
+        }
+        if not due:
+            return set()
+        sent = self._clock.now()
+        lost = await self._directory.renew_many(due, ttl_s)
+        for user_id, token in due.items():
+            slot = self._slots.get(user_id)
+            if slot is None or slot.token != token:
+                continue  # the worker ended meanwhile
+            if user_id in lost:
+                slot.lost = True
+                log.warning("worker of user %s lost its lease (token %d); stopping", user_id, token)
+            elif slot.renewed_at is None or slot.renewed_at < sent:
+                slot.renewed_at = sent
+        return lost
+
     async def _serve(self, user_id: str, slot: _Slot) -> None:
         settings = self._settings
         token: int | None = None
@@ -179,14 +254,19 @@ class WorkerHost:
                 log.debug("user %s is served by another host", user_id)
                 ended = True
                 return
-            last_beat = last_activity = self._clock.now()
+            slot.token, slot.renewed_at = token, self._clock.now()
+            last_activity = slot.renewed_at
             stranded = deque(await self._queue.in_flight(user_id))
             while True:
-                if self._seconds_since(last_beat) >= settings.mark_ttl_s / 3:
+                if slot.lost:
+                    ended = True
+                    return
+                assert slot.renewed_at is not None
+                if self._seconds_since(slot.renewed_at) >= settings.mark_ttl_s / 3:
                     if not await self._renew(user_id, token):
                         ended = True
                         return
-                    last_beat = self._clock.now()
+                    slot.renewed_at = self._clock.now()
                 request: OrderRequest | None
                 if stranded:
                     request = stranded.popleft()
@@ -205,16 +285,19 @@ class WorkerHost:
                     if not await self._renew(user_id, token):
                         ended = True
                         return
-                    last_beat = self._clock.now()
+                    slot.renewed_at = self._clock.now()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker of user %s stopped on an error", user_id)
         finally:
-            slot.task = None
+            slot.task, slot.token = None, None
             if ended:
-                self._slots.pop(user_id, None)
-            elif token is not None:
+                if self._slots.get(user_id) is slot:
+                    del self._slots[user_id]
+            elif token is not None and not slot.lost:
+                # a lost lease is not ours to release: after a key-value store flush the
+                # replacement may hold the same holder name and token
                 with contextlib.suppress(Exception):
                     await self._directory.release(user_id, token)
 

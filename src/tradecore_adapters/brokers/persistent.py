@@ -4,13 +4,17 @@ Each account's book (cash, holdings, open orders) is a document ``paper:{book}:{
 and each order a document ``paper:{book}:{account}:order:{client order id}``. A connection
 loads the book on ``connect``; an order the process has not seen is looked up before it is
 placed again, so a client order id stays idempotent across restarts and hosts. Every call that
-changes state saves what it changed before it returns.
+changes state saves what it changed (the order and the book, in one atomic write) before it
+returns; a call that changes nothing (an order placed again, the status of a settled order)
+writes nothing. A save that failed is retried by the next call, changed or not, so the store
+catches up with what this process holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 from tradecore.broker import BrokerOrder
 from tradecore.orders import Side
@@ -42,6 +46,7 @@ class PersistentPaperBroker:
         )
         self._prefix = f"paper:{book}:{account_id}"
         self._loaded = False
+        self._unsaved: set[str] = set()  # orders whose save failed, saved with the next call
 
     @property
     def name(self) -> str:
@@ -71,16 +76,22 @@ class PersistentPaperBroker:
         reduce_only: bool = False,
     ) -> BrokerOrder:
         await self._recall(client_order_id)
+        known = self._exchange.knows_order(self._account_id, client_order_id)
         order = await self._inner.place_order(
             client_order_id, symbol, side, quantity, reduce_only=reduce_only
         )
-        await self._persist(client_order_id)
+        if not known or self._unsaved:
+            await self._persist(client_order_id)
         return order
 
     async def order_status(self, client_order_id: str) -> BrokerOrder | None:
         await self._recall(client_order_id)
+        before = self._exchange.export_order(self._account_id, client_order_id)
         order = await self._inner.order_status(client_order_id)
-        if order is not None:
+        if order is not None and (
+            self._unsaved
+            or self._exchange.export_order(self._account_id, client_order_id) != before
+        ):
             await self._persist(client_order_id)
         return order
 
@@ -92,10 +103,20 @@ class PersistentPaperBroker:
             self._exchange.import_order(self._account_id, stored)
 
     async def _persist(self, client_order_id: str) -> None:
-        order = self._exchange.export_order(self._account_id, client_order_id)
-        if order is not None:
-            await self._store.save(self._order_key(client_order_id), order)
-        await self._store.save(self._prefix, self._exchange.export_book(self._account_id))
+        """Save the order, any order whose save failed before, and the book, atomically."""
+        pending = {client_order_id, *self._unsaved}
+        documents: dict[str, dict[str, Any]] = {}
+        for cid in sorted(pending):
+            order = self._exchange.export_order(self._account_id, cid)
+            if order is not None:
+                documents[self._order_key(cid)] = order
+        documents[self._prefix] = self._exchange.export_book(self._account_id)
+        try:
+            await self._store.save_many(documents)
+        except BaseException:
+            self._unsaved = pending
+            raise
+        self._unsaved = set()
 
     def _order_key(self, client_order_id: str) -> str:
         return f"{self._prefix}:order:{client_order_id}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -16,6 +17,10 @@ class MemoryDocumentStore:
 
     async def save(self, name: str, document: dict[str, Any]) -> None:
         self._documents[name] = copy.deepcopy(document)
+
+    async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
+        copies = {name: copy.deepcopy(document) for name, document in documents.items()}
+        self._documents.update(copies)
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
         """KeyStore: store ``document`` unless ``name`` is taken; the stored document."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -160,6 +160,9 @@ class MemoryWorkerDirectory:
             return False
         self._leases[user_id] = attrs.evolve(lease, expires_at=self._expiry(ttl_s))
         return True
+
+    async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
+        return {u for u, token in leases.items() if not await self.renew(u, token, ttl_s)}
 
     async def release(self, user_id: str, token: int) -> None:
         lease = self._lease(user_id)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
+import attrs
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -30,19 +32,69 @@ def _dumps(value: Any) -> str:
 
 
 _CHAIN_ATTEMPTS = 50
-# One statement: move the chain head from the seal we sealed onto to the new seal, and insert
-# the entry only if that compare-and-set took. Concurrent appends serialize on the head row.
-_APPEND = (
-    "WITH head AS (UPDATE audit_chain_head SET seal = %(seal)s"
-    " WHERE seal = %(previous)s RETURNING 1)"
-    " INSERT INTO audit_logs (user_id, action, success, ip_address, user_agent, request_path,"
-    " request_method, error_message, resource_type, resource_id, metadata, created_at,"
-    " previous_seal, seal)"
-    " SELECT %(user_id)s, %(action)s, %(success)s, %(ip_address)s, %(user_agent)s,"
-    " %(request_path)s, %(request_method)s, %(error_message)s, %(resource_type)s,"
-    " %(resource_id)s, %(metadata)s, %(created_at)s, %(previous)s, %(seal)s FROM head"
-    " RETURNING id"
+_BATCH = 256
+"""Most entries sealed and inserted by one statement."""
+_COLUMNS = (
+    "user_id",
+    "action",
+    "success",
+    "ip_address",
+    "user_agent",
+    "request_path",
+    "request_method",
+    "error_message",
+    "resource_type",
+    "resource_id",
+    "metadata",
+    "created_at",
+    "previous_seal",
+    "seal",
 )
+_TYPES = (
+    "text",
+    "text",
+    "boolean",
+    "inet",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "jsonb",
+    "timestamptz",
+    "text",
+    "text",
+)
+# One statement per batch: move the chain head from the seal the batch was sealed onto to the
+# batch's last seal, and insert the entries, in chain order, only if that compare-and-set
+# took. Concurrent appends (other processes) serialize on the head row; the loser's
+# compare-and-set finds the head moved, inserts nothing, and seals its batch again.
+_APPEND = sql.SQL(
+    "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
+    " WHERE seal = %(previous)s RETURNING 1)"
+    " INSERT INTO audit_logs ({columns})"
+    " SELECT {selected} FROM head, unnest({arrays}) WITH ORDINALITY AS e({columns}, n)"
+    " ORDER BY e.n RETURNING id, seal"
+).format(
+    columns=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS),
+    selected=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c)) for c in _COLUMNS),
+    arrays=sql.SQL(", ").join(
+        sql.SQL("{}::{}[]").format(sql.Placeholder(c), sql.SQL(t))
+        for c, t in zip(_COLUMNS, _TYPES, strict=True)
+    ),
+)
+
+
+@attrs.define
+class _Pending:
+    entry: AuditEntry
+    appended: asyncio.Future[int]
+
+
+def _fail(pending: _Pending, error: Exception) -> None:
+    if not pending.appended.done():
+        pending.appended.set_exception(error)
 
 
 def stored_entry_from_row(row: Row) -> StoredAuditEntry:
@@ -74,31 +126,92 @@ class PostgresAuditLog:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._head: str | None = None  # the newest seal this process saw (a cache)
+        self._pending: list[_Pending] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def append(self, entry: AuditEntry) -> int:
-        stored = normalized(entry)
-        context = stored.context
-        params: dict[str, Any] = {
-            "user_id": stored.user_id,
-            "action": stored.action.value,
-            "success": stored.success,
-            "ip_address": context.ip_address,
-            "user_agent": context.user_agent,
-            "request_path": context.request_path,
-            "request_method": context.request_method,
-            "error_message": stored.error_message,
-            "resource_type": stored.resource_type,
-            "resource_id": stored.resource_id,
-            "metadata": Jsonb(dict(stored.metadata), dumps=_dumps),
-            "created_at": stored.created_at,
-        }
+        """Appends of this process are written in batches (group commit): the entries that
+        arrive while one batch is being written go together in the next statement, so a
+        process never contends with itself for the chain head. The id returns once the
+        entry is committed; a cancelled caller's entry is still written."""
+        pending = _Pending(normalized(entry), asyncio.get_running_loop().create_future())
+        self._pending.append(pending)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_pending(), name="audit-append")
+        return await pending.appended
+
+    async def _write_pending(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
+                await self._settle(batch)
+        except BaseException:  # cancelled (shutdown): nobody is left to write the rest
+            for p in self._pending:
+                p.appended.cancel()
+            self._pending = []
+            raise
+
+    async def _settle(self, batch: list[_Pending]) -> None:
+        """Write ``batch`` and resolve each caller's future. An entry the database refuses
+        (not an outage) fails only its own append: the batch is then written one by one."""
+        try:
+            ids = await self._append_batch([p.entry for p in batch])
+        except DatabaseUnavailable as e:
+            for p in batch:
+                _fail(p, e)
+            return
+        except Exception as e:
+            if len(batch) == 1:
+                _fail(batch[0], e)
+                return
+            for p in batch:
+                await self._settle([p])
+            return
+        except BaseException:
+            for p in batch:
+                p.appended.cancel()
+            raise
+        for p, entry_id in zip(batch, ids, strict=True):
+            if not p.appended.done():
+                p.appended.set_result(entry_id)
+
+    async def _append_batch(self, entries: list[AuditEntry]) -> list[int]:
+        """Seal ``entries`` onto the chain and insert them in one statement; their ids."""
+        columns: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+        for stored in entries:
+            context = stored.context
+            columns["user_id"].append(stored.user_id)
+            columns["action"].append(stored.action.value)
+            columns["success"].append(stored.success)
+            columns["ip_address"].append(context.ip_address)
+            columns["user_agent"].append(context.user_agent)
+            columns["request_path"].append(context.request_path)
+            columns["request_method"].append(context.request_method)
+            columns["error_message"].append(stored.error_message)
+            columns["resource_type"].append(stored.resource_type)
+            columns["resource_id"].append(stored.resource_id)
+            columns["metadata"].append(Jsonb(dict(stored.metadata), dumps=_dumps))
+            columns["created_at"].append(stored.created_at)
         for _ in range(_CHAIN_ATTEMPTS):
             previous = self._head if self._head is not None else await self._read_head()
-            params["previous"], params["seal"] = previous, seal(previous, stored)
-            row = await fetch_one(self._pool, _APPEND, params)
-            if row is not None:
-                self._head = params["seal"]
-                return int(row["id"])
+            seals: list[str] = []
+            for stored in entries:
+                seals.append(seal(seals[-1] if seals else previous, stored))
+            params: dict[str, Any] = {
+                **columns,
+                "previous_seal": [previous, *seals[:-1]],
+                "seal": seals,
+                "previous": previous,
+                "last": seals[-1],
+            }
+            rows = await fetch_all(self._pool, _APPEND, params)
+            if rows:
+                self._head = seals[-1]
+                ids = {str(r["seal"]): int(r["id"]) for r in rows}
+                ordered = [ids[s] for s in seals]
+                if ordered != sorted(ordered):
+                    raise RuntimeError("audit ids were not assigned in chain order")
+                return ordered
             self._head = None  # another process moved the head: read it and seal again
         raise DatabaseUnavailable("audit chain head contended beyond the retry budget")
 

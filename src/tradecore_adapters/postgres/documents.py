@@ -7,6 +7,7 @@ never replaces: the first document stored under a name stays (key material, the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -34,6 +35,18 @@ class PostgresDocumentStore:
             "INSERT INTO documents (name, body, updated_at) VALUES (%s, %s, now())"
             " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()",
             (name, Jsonb(document)),
+        )
+
+    async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
+        """Store every document under its name in one statement (all or none), durably."""
+        if not documents:
+            return
+        await execute(
+            self._pool,
+            "INSERT INTO documents (name, body, updated_at)"
+            " SELECT d.name, d.body, now() FROM unnest(%s::text[], %s::jsonb[]) AS d(name, body)"
+            " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()",
+            (list(documents), [Jsonb(d) for d in documents.values()]),
         )
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:

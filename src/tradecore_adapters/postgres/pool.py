@@ -8,6 +8,10 @@ a statement timeout, so no query can hang a request past its budget.
 from __future__ import annotations
 
 import math
+import socket
+import time
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -32,6 +36,69 @@ def connection_options(timeout_s: float, statement_timeout_s: float) -> dict[str
     }
 
 
+PING_AFTER_IDLE_S = 5.0
+
+
+class ConnectionCheck:
+    """The pool's check of a connection before lending it, without a round trip on the hot
+    path.
+
+    A connection the server closed (a restart, a terminated backend, a proxy that dropped
+    it) has its end of the socket readable: a non-blocking peek sees the end of the stream
+    or the server's farewell message. Such a connection, one that was never lent, and one
+    that sat unused for ``ping_after_idle_s`` or more (a silent network failure shows no
+    sign on the socket) are pinged with an empty query; the pool replaces a connection whose
+    ping fails. A connection in steady use is lent after the peek alone.
+    """
+
+    def __init__(
+        self,
+        ping_after_idle_s: float = PING_AFTER_IDLE_S,
+        *,
+        ping: Callable[[AsyncConnection[Any]], Awaitable[None]] = (
+            AsyncConnectionPool.check_connection
+        ),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ping_after_idle_s = ping_after_idle_s
+        self._ping = ping
+        self._monotonic = monotonic
+        self._returned: weakref.WeakKeyDictionary[AsyncConnection[Any], float]
+        self._returned = weakref.WeakKeyDictionary()
+
+    async def check(self, conn: AsyncConnection[Any]) -> None:
+        """The pool's ``check`` callback: return quietly, or raise for a broken connection."""
+        returned = self._returned.pop(conn, None)
+        idle_s = math.inf if returned is None else self._monotonic() - returned
+        if idle_s >= self._ping_after_idle_s or not socket_quiet(conn):
+            await self._ping(conn)
+
+    async def returned(self, conn: AsyncConnection[Any]) -> None:
+        """The pool's ``reset`` callback: note when the connection came back."""
+        self._returned[conn] = self._monotonic()
+
+
+def socket_quiet(conn: AsyncConnection[Any]) -> bool:
+    """True when the connection is open and the server has sent nothing since its last reply
+    (nothing to read, no end of stream): a non-blocking peek, no round trip."""
+    if conn.broken or conn.closed:
+        return False
+    try:
+        fd = conn.pgconn.socket
+    except Exception:
+        return False
+    peek = socket.socket(fileno=fd)
+    try:
+        peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True  # nothing to read: the normal state of an idle connection
+    except OSError:
+        return False
+    finally:
+        peek.detach()  # the descriptor stays libpq's
+    return False  # the end of the stream, or a message nobody asked for
+
+
 def make_pool(
     conninfo: str,
     *,
@@ -44,6 +111,7 @@ def make_pool(
     """A pool that is not open yet (the composition root opens it inside the event loop with
     ``await pool.open(wait=True, timeout=...)``); the options are those of ``open_pool``."""
     statement_s = timeout_s if statement_timeout_s is None else statement_timeout_s
+    check = ConnectionCheck() if check_on_checkout else None
     pool: Pool = AsyncConnectionPool(
         conninfo,
         kwargs=connection_options(timeout_s, statement_s),
@@ -51,7 +119,8 @@ def make_pool(
         max_size=max_size,
         timeout=timeout_s,
         open=False,
-        check=AsyncConnectionPool.check_connection if check_on_checkout else None,
+        check=None if check is None else check.check,
+        reset=None if check is None else check.returned,
         name="tradecore",
     )
     return pool
@@ -70,9 +139,9 @@ async def open_pool(
 
     ``timeout_s`` bounds opening, connecting and waiting for a free connection;
     ``statement_timeout_s`` (default ``timeout_s``) bounds each statement on the server.
-    ``check_on_checkout`` pings a connection before lending it, so connections broken by a
-    server restart are replaced instead of failing a request. Raises ``DatabaseUnavailable``
-    when the server cannot be reached within ``timeout_s``.
+    ``check_on_checkout`` checks a connection before lending it (``ConnectionCheck``), so
+    connections broken by a server restart are replaced instead of failing a request.
+    Raises ``DatabaseUnavailable`` when the server cannot be reached within ``timeout_s``.
     """
     pool = make_pool(
         conninfo,

@@ -18,26 +18,37 @@ Keys, under the prefix ``order-tasks.fifo`` (P):
 * ``P`` itself - a sorted set, group -> its oldest visible id, for groups with nothing in flight
   (the queue head: the lowest score is the next delivery);
 * ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}}`` oldest first.
+
+A receiver with nothing to take waits without polling: until the next timer is due (the
+receive script tells when), or until a wake-up on the channel ``P:wakeups``, which the other
+scripts publish when a message became deliverable (the queue head was empty) or a timer
+earlier than every other was set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from redis.asyncio import Redis
 
 from tradecore.fills import VISIBILITY_TIMEOUT_S
 from tradecore.ports.messaging import FillDelivery, FillTask
-from tradecore_adapters.redis.client import text
+from tradecore_adapters.redis.client import Wakeups, text
 from tradecore_adapters.redis.codec import decode_task, encode_task, task_from_data
 from tradecore_adapters.redis.errors import unavailable_on_failure
 
 QUEUE_KEY = "order-tasks.fifo"
 DEAD_LETTER_SUFFIX = ":dead"
 
-_POLL_FIRST_S = 0.002
-_POLL_CAP_S = 0.05
+_READY = "ready"
+"""The one wake-up name on the queue's channel."""
+_RECHECK_S = 30.0
+"""Longest wait without looking (a wake-up is lost only while the listener reconnects, and
+every watcher is woken when it has)."""
+_TIMER_SLACK_S = 0.001
+"""Added to a wait for a timer, so the look after it finds the timer due."""
 _TIMER_BATCH = 500
 """Timers processed per receive; a larger backlog is worked off over the next receives."""
 
@@ -75,6 +86,17 @@ local function unplace(id, g)
   redis.call('ZREM', grp(g), id)
   if redis.call('HGET', BUSY, g) == id then redis.call('HDEL', BUSY, g) end
 end
+-- Wake the waiting receivers when a message became deliverable while none was (READY was
+-- empty before the script's change: ``was_ready``), or when the timer just set for ``id`` is
+-- now the earliest (a receiver sleeps until the earliest timer).
+local function notify(was_ready, id)
+  local wake = (not was_ready) and redis.call('ZCARD', READY) > 0
+  if not wake and id then
+    local first = redis.call('ZRANGE', TIMERS, 0, 0)
+    wake = first[1] == id
+  end
+  if wake then redis.call('PUBLISH', P .. ':wakeups', 'ready') end
+end
 -- The message a receipt 'id.count' names, if that delivery is its latest and unsettled.
 local function current(receipt)
   local id, count = string.match(receipt, '^(%d+)%.(%d+)$')
@@ -90,14 +112,17 @@ _SEND = (
     _COMMON
     + """
 local now = now_us()
+local was_ready = redis.call('ZCARD', READY) > 0
 local id = tostring(redis.call('INCR', P .. ':seq'))
 redis.call('HSET', msg(id), 'body', ARGV[2], 'group', ARGV[3], 'count', 0, 'inflight', 0)
 place(id, ARGV[3], now + tonumber(ARGV[4]), now)
+notify(was_ready, id)
 return id
 """
 )
 
-# ARGV: prefix, visibility timeout (us), timer batch. Returns {id, count, body} or nil.
+# ARGV: prefix, visibility timeout (us), timer batch. Returns {id, count, body}, or
+# {'', us until the earliest timer} ({'', -1} without timers) when nothing is deliverable.
 _RECEIVE = (
     _COMMON
     + """
@@ -115,7 +140,11 @@ for _, id in ipairs(due) do
 end
 for g in pairs(touched) do refresh(g) end
 local head = redis.call('ZRANGE', READY, 0, 0)
-if not head[1] then return false end
+if not head[1] then
+  local first = redis.call('ZRANGE', TIMERS, 0, 0, 'WITHSCORES')
+  if not first[2] then return {'', -1} end
+  return {'', fmt(math.max(0, tonumber(first[2]) - now))}
+end
 local g = head[1]
 local id = redis.call('ZRANGE', grp(g), 0, 0)[1]
 redis.call('ZREM', grp(g), id)
@@ -134,9 +163,11 @@ _ACK = (
     + """
 local id, g = current(ARGV[2])
 if not id then return 0 end
+local was_ready = redis.call('ZCARD', READY) > 0
 unplace(id, g)
 redis.call('DEL', msg(id))
 refresh(g)
+notify(was_ready, nil)
 return 1
 """
 )
@@ -148,10 +179,12 @@ _RETRY = (
 local id, g = current(ARGV[2])
 if not id then return 0 end
 local now = now_us()
+local was_ready = redis.call('ZCARD', READY) > 0
 unplace(id, g)
 redis.call('HSET', msg(id), 'inflight', 0)
 refresh(g)
 place(id, g, now + tonumber(ARGV[3]), now)
+notify(was_ready, id)
 return 1
 """
 )
@@ -163,9 +196,11 @@ _DEAD_LETTER = (
 local id, g = current(ARGV[2])
 if not id then return 0 end
 local body = redis.call('HGET', msg(id), 'body')
+local was_ready = redis.call('ZCARD', READY) > 0
 unplace(id, g)
 redis.call('DEL', msg(id))
 refresh(g)
+notify(was_ready, nil)
 local letter = '{"reason":' .. cjson.encode(ARGV[3]) .. ',"task":' .. body .. '}'
 redis.call('RPUSH', P .. ':dead', letter)
 return 1
@@ -180,8 +215,9 @@ def _micros(seconds: float) -> int:
 class RedisFillTaskQueue:
     """FillTaskQueue on Redis (keys and semantics in the module docstring).
 
-    ``receive`` polls with a short backoff (2 ms doubling to 50 ms) until its timeout.
-    Raises KeyValueStoreUnavailable.
+    ``receive`` waits, when nothing is deliverable, until the earliest timer or a wake-up
+    (module docstring); its listener holds one connection from the first wait until
+    ``aclose``. Raises KeyValueStoreUnavailable.
     """
 
     def __init__(
@@ -194,6 +230,7 @@ class RedisFillTaskQueue:
         self._client = client
         self._visibility_us = _micros(visibility_timeout_s)
         self._prefix = prefix
+        self._wakeups = Wakeups(client, f"{prefix}:wakeups")
         self._send = client.register_script(_SEND)
         self._receive = client.register_script(_RECEIVE)
         self._ack = client.register_script(_ACK)
@@ -208,19 +245,35 @@ class RedisFillTaskQueue:
         with unavailable_on_failure("send fill task"):
             await self._send(args=[self._prefix, encode_task(task), task.user_id, _micros(delay_s)])
 
+    async def aclose(self) -> None:
+        """Stop listening for wake-ups (the client stays open: its owner closes it)."""
+        await self._wakeups.aclose()
+
     async def receive(self, timeout_s: float) -> FillDelivery | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout_s)
-        pause = _POLL_FIRST_S
-        while True:
-            delivery = await self._receive_now()
-            if delivery is not None:
-                return delivery
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            await asyncio.sleep(min(pause, remaining))
-            pause = min(pause * 2, _POLL_CAP_S)
+        delivery, next_timer_s = await self._receive_now()
+        if delivery is not None or timeout_s <= 0:
+            return delivery
+        event = self._wakeups.watch(_READY)
+        try:
+            while True:
+                # Clear before looking, so a wake-up after the look still ends the wait.
+                event.clear()
+                delivery, next_timer_s = await self._receive_now()
+                if delivery is not None:
+                    return delivery
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                wait_s = min(remaining, _RECHECK_S)
+                if next_timer_s is not None:
+                    wait_s = min(wait_s, next_timer_s + _TIMER_SLACK_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await event.wait()
+        finally:
+            self._wakeups.unwatch(_READY, event)
 
     async def ack(self, delivery: FillDelivery) -> None:
         with unavailable_on_failure("ack fill task"):
@@ -243,13 +296,17 @@ class RedisFillTaskQueue:
             letters.append((task_from_data(entry["task"]), str(entry["reason"])))
         return letters
 
-    async def _receive_now(self) -> FillDelivery | None:
+    async def _receive_now(self) -> tuple[FillDelivery | None, float | None]:
+        """One look: the delivery, or None and the seconds until the earliest timer (None
+        when no timer is set)."""
         with unavailable_on_failure("receive fill task"):
             found = await self._receive(
                 args=[self._prefix, self._visibility_us, _TIMER_BATCH],
             )
-        if not found:
-            return None
+        if not text(found[0]):
+            next_us = int(found[1])
+            return None, None if next_us < 0 else next_us / 1_000_000
         message_id, count, body = found
         count = int(count)
-        return FillDelivery(decode_task(text(body)), f"{text(message_id)}.{count}", count)
+        delivery = FillDelivery(decode_task(text(body)), f"{text(message_id)}.{count}", count)
+        return delivery, None

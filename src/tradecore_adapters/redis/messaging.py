@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
@@ -42,8 +43,10 @@ PUSHED_CHANNEL = "trading:user:requests:pushed"
 CONTROL_KEY = "worker-control.fifo"
 CONTROL_PENDING_KEY = "worker-control.fifo:pending"
 
-_RECHECK_S = 5.0
-"""Longest wait of ``take`` without looking at the list (covers a lost wake-up)."""
+_RECHECK_S = 30.0
+"""Longest wait of ``take`` without looking at the list. A wake-up is lost only while the
+listener reconnects, and every watcher is woken when it has (``Wakeups``); this bounds the
+wait should that ever fail, without making thousands of idle workers poll."""
 _MIN_BLOCK_S = 0.01
 """Shortest server-side block: Redis reads a block under 1 ms as 0, which means forever."""
 _ACTIVE_POLL_FIRST_S = 0.001
@@ -111,6 +114,25 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 )
+
+# KEYS: marks. ARGV: ttl in ms, then one token per mark. _RENEW for each mark; returns one
+# 1 (renewed) or 0 per mark, in order.
+_RENEW_MANY = """
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  local current = redis.call('GET', key)
+  local holder, token = string.match(current or '', '^(.*):(%d+)$')
+  if token == ARGV[i + 1] then
+    redis.call('PEXPIRE', key, ARGV[1])
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
+"""
+_RENEW_BATCH = 200
+"""Leases renewed by one script call (a call blocks the server for its length)."""
 
 # KEYS: mark. ARGV: token. Delete the lease only while it carries the token.
 _RELEASE = (
@@ -250,10 +272,11 @@ class RedisWorkerDirectory:
     """WorkerDirectory on Redis (keys in the module docstring).
 
     ``acquire`` (with the INCR of the fencing token), ``renew``, ``release`` and ``retire``
-    are each one script, so a lease is compared and changed in one step; ``request_start`` is
-    deduplicated while the user's start request is pending; ``next_start_request`` is a
-    blocking pop bounded by its timeout; ``wait_active`` polls the mark with a short backoff
-    (1 ms doubling to 20 ms), so a cold start is seen within milliseconds. Times to live are
+    are each one script (``renew_many``: one script per 200 leases), so a lease is compared
+    and changed in one step; ``request_start`` is deduplicated while the user's start request
+    is pending; ``next_start_request`` is a blocking pop bounded by its timeout;
+    ``wait_active`` polls the mark with a short backoff (1 ms doubling to 20 ms), so a cold
+    start is seen within milliseconds. Times to live are
     the server's (PX, whole milliseconds, at least 1). Raises KeyValueStoreUnavailable.
     """
 
@@ -263,6 +286,7 @@ class RedisWorkerDirectory:
         self._grace_s = connections.grace_s
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
+        self._renew_many = self._client.register_script(_RENEW_MANY)
         self._release = self._client.register_script(_RELEASE)
         self._retire = self._client.register_script(_RETIRE)
         self._request_start = self._client.register_script(_REQUEST_START)
@@ -334,6 +358,19 @@ class RedisWorkerDirectory:
         with unavailable_on_failure("renew lease"):
             renewed = await self._renew(keys=[mark_key(user_id)], args=[token, _ms(ttl_s)])
         return bool(int(renewed))
+
+    async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
+        users = list(leases)
+        lost: set[str] = set()
+        with unavailable_on_failure("renew leases"):
+            for start in range(0, len(users), _RENEW_BATCH):
+                batch = users[start : start + _RENEW_BATCH]
+                renewed = await self._renew_many(
+                    keys=[mark_key(u) for u in batch],
+                    args=[_ms(ttl_s), *(leases[u] for u in batch)],
+                )
+                lost.update(u for u, ok in zip(batch, renewed, strict=True) if not int(ok))
+        return lost
 
     async def release(self, user_id: str, token: int) -> None:
         with unavailable_on_failure("release lease"):

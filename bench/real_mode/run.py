@@ -1,0 +1,314 @@
+"""The real-mode benchmark (issue 4, item 8): API and worker host as separate processes on
+real Postgres and Redis, the paper broker without added latency.
+
+One run: a throwaway database (migrated), Redis database 13 (flushed), ``--users`` pro users
+with a verified paper account each plus ``--cold`` users kept for cold activation; then
+``tradecore serve`` and ``tradecore worker``, and these phases:
+
+* ``latency``: ``--latency-users`` users primed (one order each, so their workers run), then
+  open loop at ``--rate`` orders/s, ``--warmup`` + ``--duration`` s; latency from the
+  scheduled send to the OrderResult.
+* ``throughput``: ``--throughput-users`` users primed, then closed loop at each concurrency of
+  ``--concurrency`` (``--step-warmup`` + ``--step-duration`` s each): the knee is the highest
+  rate with no error; then open loop at ``--sustain-rate`` for ``--duration`` s.
+* ``cold``: lease acquisition for ``--cold`` fresh user ids (``request_start`` to
+  ``wait_active`` True), and the first order of ``--cold`` never-activated users (send to
+  OrderResult), one at a time.
+* ``memory``: a fresh worker process; ``--memory-users`` users each send one order (each
+  starts a worker that then stays idle); after ``--idle`` s the worker process's VmRSS from
+  /proc/PID/status, and its CPU while idle.
+
+Everything is removed at the end (processes, database, Redis database), also on Ctrl-C.
+Results: ``bench/real_mode/results/run<N>-<time>.json`` and a summary on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import load  # noqa: E402
+from stack import REDIS_URL, Stack, cpu_seconds, dump, proc_status, wait_quiet  # noqa: E402
+
+RESULTS = HERE / "results"
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version()}
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", flush=True)
+
+
+def quiet(args: argparse.Namespace, what: str) -> float:
+    busy = wait_quiet(args.quiet_wait)
+    log(f"{what}: machine busy {busy:.0f}% of a core before start")
+    return busy
+
+
+def phase_latency(args: argparse.Namespace, stack: Stack, accounts: list[load.Account]) -> Any:
+    users = accounts[: args.latency_users]
+    primed = asyncio.run(load.prime(users, 16))
+    log(f"latency: primed {len(users)} users {primed['outcomes']}")
+    busy = quiet(args, "latency")
+    result = asyncio.run(load.open_loop(users, args.rate, args.warmup, args.duration, pids(stack)))
+    result["busy_before_percent"] = busy
+    log(
+        f"latency: {result['achieved_rate_per_s']}/s errors {result['errors']} "
+        f"p50 {result['latency_ms']['p50']} p99 {result['latency_ms']['p99']} ms"
+    )
+    return {"primed": primed, "open_loop": result}
+
+
+def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load.Account]) -> Any:
+    start = args.latency_users
+    users = accounts[start : start + args.throughput_users]
+    primed = asyncio.run(load.prime(users, 32))
+    log(f"throughput: primed {len(users)} users {primed['outcomes']}")
+    steps = []
+    for concurrency in args.concurrency:
+        busy = quiet(args, f"closed loop c={concurrency}")
+        step = asyncio.run(
+            load.closed_loop(users, concurrency, args.step_warmup, args.step_duration, pids(stack))
+        )
+        step["busy_before_percent"] = busy
+        steps.append(step)
+        log(
+            f"closed c={concurrency}: {step['achieved_rate_per_s']}/s errors {step['errors']} "
+            f"{step['error_kinds']} p50 {step['latency_ms']['p50']} "
+            f"p99 {step['latency_ms']['p99']} ms"
+        )
+    clean = [s for s in steps if s["errors"] == 0]
+    knee = max(clean, key=lambda s: s["achieved_rate_per_s"]) if clean else None
+    busy = quiet(args, f"sustained open loop {args.sustain_rate}/s")
+    sustained = asyncio.run(
+        load.open_loop(users, args.sustain_rate, args.warmup, args.duration, pids(stack))
+    )
+    sustained["busy_before_percent"] = busy
+    log(
+        f"sustained {args.sustain_rate}/s: {sustained['achieved_rate_per_s']}/s errors "
+        f"{sustained['errors']} {sustained['error_kinds']} p50 {sustained['latency_ms']['p50']} "
+        f"p99 {sustained['latency_ms']['p99']} ms"
+    )
+    return {
+        "primed": primed,
+        "closed_loop": steps,
+        "knee": None
+        if knee is None
+        else {"concurrency": knee["concurrency"], "rate_per_s": knee["achieved_rate_per_s"]},
+        "sustained": sustained,
+    }
+
+
+def phase_cold(args: argparse.Namespace, stack: Stack, cold: list[load.Account]) -> Any:
+    quiet(args, "cold")
+    lease = asyncio.run(load.lease_acquisition(REDIS_URL, args.cold))
+    log(f"lease acquisition: {lease['latency_ms']} missed {lease['not_active_within_5s']}")
+    first = asyncio.run(load.cold_orders(cold))
+    log(f"cold first order: {first['latency_ms']} {first['outcomes']}")
+    return {"lease_acquisition": lease, "first_order": first}
+
+
+def phase_memory(args: argparse.Namespace, stack: Stack, accounts: list[load.Account]) -> Any:
+    worker = stack.restart_worker()
+    time.sleep(2.0)
+    baseline = proc_status(worker.pid)
+    users = accounts[: args.memory_users]
+    started = time.monotonic()
+    primed = asyncio.run(load.prime(users, 32))
+    seconds = time.monotonic() - started
+    log(f"memory: {len(users)} first orders in {seconds:.1f} s {primed['outcomes']}")
+    active = asyncio.run(count_active(users))
+    time.sleep(args.idle)
+    cpu_before, t0 = cpu_seconds(worker.pid), time.monotonic()
+    time.sleep(10.0)
+    idle_cpu = 100 * (cpu_seconds(worker.pid) - cpu_before) / (time.monotonic() - t0)
+    after = proc_status(worker.pid)
+    result = {
+        "users": len(users),
+        "primed": primed,
+        "leases_held": active,
+        "worker_pid": worker.pid,
+        "rss_before_kib": baseline,
+        "rss_idle_kib": after,
+        "rss_idle_mib": round(after["VmRSS"] / 1024, 1),
+        "per_worker_kib": round((after["VmRSS"] - baseline["VmRSS"]) / max(1, len(users)), 2),
+        "idle_worker_cpu_percent": round(idle_cpu, 1),
+    }
+    before_mib = round(baseline["VmRSS"] / 1024, 1)
+    log(
+        f"memory: {active} leases, RSS {result['rss_idle_mib']} MiB (before {before_mib}), "
+        f"idle CPU {result['idle_worker_cpu_percent']}%"
+    )
+    return result
+
+
+async def count_active(users: list[load.Account]) -> int:
+    from tradecore_adapters.redis import RedisWorkerDirectory, open_connections
+
+    connections = open_connections(REDIS_URL)
+    directory = RedisWorkerDirectory(connections)
+    try:
+        flags = [await directory.is_active(u.user_id) for u in users]
+    finally:
+        await connections.aclose()
+    return sum(flags)
+
+
+def pids(stack: Stack) -> dict[str, int]:
+    assert stack.api is not None and stack.worker is not None
+    return {"api": stack.api.pid, "worker": stack.worker.pid}
+
+
+def one_run(args: argparse.Namespace, number: int) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="tradecore-bench-"))
+    stack = Stack(workdir)
+    report: dict[str, Any] = {
+        "run": number,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+    }
+    try:
+        started = time.monotonic()
+        stack.create()
+        total = max(args.memory_users, args.latency_users + args.throughput_users)
+        documents = asyncio.run(stack.provision(total + args.cold))
+        log(f"provisioned {len(documents)} users in {time.monotonic() - started:.1f} s")
+        accounts = load.accounts_from(documents[:total])
+        cold = load.accounts_from(documents[total:])
+        stack.start_api()
+        stack.start_worker()
+        report["stack"] = stack.describe()
+        if "latency" in args.phases:
+            report["latency"] = phase_latency(args, stack, accounts)
+        if "throughput" in args.phases:
+            report["throughput"] = phase_throughput(args, stack, accounts)
+        if "cold" in args.phases:
+            report["cold"] = phase_cold(args, stack, cold)
+        if "memory" in args.phases:
+            report["memory"] = phase_memory(args, stack, accounts)
+        for process in (stack.api, stack.worker):
+            if process is not None and not process.running():
+                report.setdefault("crashed", []).append(process.name)
+        report["logs"] = {
+            p.name: p.tail(10) for p in (stack.api, stack.worker) if p is not None and p.tail(10)
+        }
+    finally:
+        stack.close()
+    return report
+
+
+def summary(reports: list[dict[str, Any]]) -> str:
+    lines = ["| measure | goal | " + " | ".join(f"run {r['run']}" for r in reports) + " |"]
+    lines.append("|---|---|" + "---|" * len(reports))
+
+    def row(name: str, goal: str, pick: Any) -> None:
+        cells = []
+        for r in reports:
+            try:
+                cells.append(str(pick(r)))
+            except (KeyError, TypeError):
+                cells.append("-")
+        lines.append(f"| {name} | {goal} | " + " | ".join(cells) + " |")
+
+    row("p50 at 200/s (ms)", "<= 5", lambda r: r["latency"]["open_loop"]["latency_ms"]["p50"])
+    row("p99 at 200/s (ms)", "<= 20", lambda r: r["latency"]["open_loop"]["latency_ms"]["p99"])
+    row("errors at 200/s", "0", lambda r: r["latency"]["open_loop"]["errors"])
+    row("knee, closed loop (orders/s)", ">= 500", lambda r: r["throughput"]["knee"])
+    row(
+        "sustained open loop (rate, errors)",
+        ">= 500, 0",
+        lambda r: (
+            f"{r['throughput']['sustained']['achieved_rate_per_s']}/s, "
+            f"{r['throughput']['sustained']['errors']} errors, "
+            f"p99 {r['throughput']['sustained']['latency_ms']['p99']} ms"
+        ),
+    )
+    row(
+        "lease acquisition p50 / p99 (ms)",
+        "<= 10 / <= 100",
+        lambda r: (
+            f"{r['cold']['lease_acquisition']['latency_ms']['p50']} / "
+            f"{r['cold']['lease_acquisition']['latency_ms']['p99']}"
+        ),
+    )
+    row(
+        "cold first order p50 / p99 (ms)",
+        "-",
+        lambda r: (
+            f"{r['cold']['first_order']['latency_ms']['p50']} / "
+            f"{r['cold']['first_order']['latency_ms']['p99']}"
+        ),
+    )
+    row(
+        "10,000 idle workers: RSS (MiB)",
+        "< 1024",
+        lambda r: f"{r['memory']['rss_idle_mib']} ({r['memory']['leases_held']} leases)",
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--phases", default="latency,throughput,cold,memory", type=lambda s: s.split(",")
+    )
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--sustain-rate", type=float, default=500.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument(
+        "--concurrency", default="8,16,32,64", type=lambda s: [int(c) for c in s.split(",")]
+    )
+    parser.add_argument("--step-warmup", type=float, default=3.0)
+    parser.add_argument("--step-duration", type=float, default=12.0)
+    parser.add_argument("--latency-users", type=int, default=400)
+    parser.add_argument("--throughput-users", type=int, default=2000)
+    parser.add_argument("--cold", type=int, default=200)
+    parser.add_argument("--memory-users", type=int, default=10_000)
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds before reading RSS")
+    parser.add_argument("--quiet-wait", type=float, default=120.0)
+    parser.add_argument("--label", default="run")
+    args = parser.parse_args()
+
+    # SIGTERM ends the run through the same cleanup as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    RESULTS.mkdir(exist_ok=True)
+    reports = []
+    for number in range(1, args.runs + 1):
+        log(f"run {number} of {args.runs}")
+        report = one_run(args, number)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        out = RESULTS / f"{args.label}{number}-{stamp}.json"
+        dump(out, report)
+        log(f"written {out}")
+        reports.append(report)
+    print(summary(reports))
+    print(json.dumps({"results": [r.get("at") for r in reports]}))
+
+
+if __name__ == "__main__":
+    main()

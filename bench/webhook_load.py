@@ -1,0 +1,463 @@
+"""Webhook order load against a server started by ``bench/seeded_server.py``.
+
+Two modes:
+
+* ``open``: requests on a fixed schedule (``--rate`` per second). Latency is measured from
+  each request's *scheduled* send time, so a stalled server or client shows up in the numbers
+  instead of silently slowing the schedule (no coordinated omission). The time from the
+  actual send is reported too (``service``), and how late the client itself sent (``send
+  lag``). ``--logins N`` runs N concurrent login loops (``POST /auth/login``, Argon2id on the
+  server) for the whole run.
+* ``closed``: ``--concurrency`` workers, each sending its next request as soon as the
+  previous one is answered: the maximum throughput at that concurrency.
+
+Every body is unique (a microsecond timestamp and a per-account sequence number in the
+quantity; the replay layer refuses duplicates). Each account alternates a ``buy`` entry and
+a ``sell`` exit of the same quantity on BTCUSDT, one request at a time, so positions stay
+flat or one entry long and margin stays bounded. A webhook counts as an error unless it is
+answered 200 with ``status: filled``; a login unless 200. The first ``--warmup`` seconds are
+run but not counted. The result is printed and written as JSON under ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+SYMBOL = "BTCUSDT"
+SPIN_S = 0.0015  # the open-loop scheduler sleeps, then yields in a loop for the last 1.5 ms
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Account:
+    """One webhook account: its URL, secret, next action and a lock that keeps its requests
+    strictly one after another (an exit never overtakes its entry)."""
+
+    def __init__(self, url: str, secret: str) -> None:
+        self.url = url
+        self.secret = secret
+        self.sequence = 0
+        self.open_quantity: str | None = None
+        self.lock = asyncio.Lock()
+
+    def next_body(self) -> tuple[bytes, str]:
+        """The body and its quantity: a buy entry when flat, else the sell exit of the open
+        quantity. The microsecond timestamp makes every body unique."""
+        if self.open_quantity is None:
+            self.sequence += 1
+            quantity = f"0.{1000 + self.sequence % 9000:04d}1"  # 0.10001 .. 0.99991
+            action, order_type = "buy", "entry"
+        else:
+            quantity = self.open_quantity
+            action, order_type = "sell", "exit"
+        timestamp = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        # The quantity as a raw JSON number: the server reads it as an exact Decimal.
+        text = (
+            f'{{"action": "{action}", "order_type": "{order_type}", '
+            f'"symbol": "{SYMBOL}", "quantity": {quantity}, "timestamp": "{timestamp}", '
+            f'"secret": "{self.secret}"}}'
+        )
+        return text.encode(), quantity
+
+    def filled(self, quantity: str) -> None:
+        """Advance the alternation after a filled order (an error leaves it where it was)."""
+        self.open_quantity = quantity if self.open_quantity is None else None
+
+
+def machine_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, summed over cores."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return float("nan"), float("nan")
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
+class CpuMeter:
+    """CPU used over the measured window, in percent of one core: the server (all its
+    threads), this client, and everything else on the machine (other processes disturb
+    the numbers; the result shows by how much)."""
+
+    def __init__(self, server_pid: int, client_seconds: Callable[[], float] = time.process_time):
+        self._server_pid = server_pid
+        self._client_seconds = client_seconds
+        self._marks: list[tuple[float, float, float, float]] = []
+
+    def _server_seconds(self) -> float:
+        try:
+            fields = Path(f"/proc/{self._server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def mark(self) -> None:
+        busy, _ = machine_seconds()
+        self._marks.append((time.monotonic(), self._server_seconds(), self._client_seconds(), busy))
+
+    def schedule(self, loop: asyncio.AbstractEventLoop, begin: float, end: float) -> None:
+        loop.call_at(begin, self.mark)
+        loop.call_at(end, self.mark)
+
+    def report(self) -> dict[str, float | None]:
+        if len(self._marks) < 2:
+            return {"server_cpu_percent": None, "client_cpu_percent": None}
+        (t0, s0, c0, m0), (t1, s1, c1, m1) = self._marks[0], self._marks[1]
+
+        def percent(seconds: float) -> float:
+            return round(100 * seconds / (t1 - t0), 1)
+
+        return {
+            "server_cpu_percent": percent(s1 - s0),
+            "client_cpu_percent": percent(c1 - c0),
+            "other_cpu_percent": percent((m1 - m0) - (s1 - s0) - (c1 - c0)),
+        }
+
+
+class Recorder:
+    """Samples of one kind of request: (scheduled or start time, latency, service, ok, tag)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float, bool, str]] = []
+
+    def add(self, start: float, latency: float, service: float, ok: bool, tag: str) -> None:
+        self.samples.append((start, latency, service, ok, tag))
+
+    def window(self, begin: float, end: float) -> list[tuple[float, float, float, bool, str]]:
+        return [s for s in self.samples if begin <= s[0] < end]
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """Nearest-rank p50/p90/p99/p99.9 and max, in milliseconds."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "p99_9": None, "max": None}
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        index = max(0, min(len(ordered) - 1, int(-(-p * len(ordered) // 100)) - 1))
+        return round(ordered[index] * 1000, 3)
+
+    return {
+        "p50": rank(50),
+        "p90": rank(90),
+        "p99": rank(99),
+        "p99_9": rank(99.9),
+        "max": round(ordered[-1] * 1000, 3),
+    }
+
+
+def summarize(
+    samples: list[tuple[float, float, float, bool, str]], begin: float, end: float
+) -> dict[str, Any]:
+    """Counts, rate, percentiles and the requests started in each second of the window."""
+    errors = Counter(tag for _, _, _, ok, tag in samples if not ok)
+    seconds = end - begin
+    per_second = Counter(int(s[0] - begin) for s in samples)
+    return {
+        "requests": len(samples),
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors.most_common(10)),
+        "achieved_rate_per_s": round(len(samples) / seconds, 1) if seconds > 0 else None,
+        "latency_ms": percentiles([s[1] for s in samples]),
+        "service_ms": percentiles([s[2] for s in samples]),
+        "per_second": [per_second.get(i, 0) for i in range(int(seconds + 0.5))],
+    }
+
+
+async def send_webhook(session: aiohttp.ClientSession, account: Account) -> tuple[bool, str]:
+    """One webhook order; (filled?, what came back when not)."""
+    body, quantity = account.next_body()
+    try:
+        async with session.post(
+            account.url, data=body, headers={"Content-Type": "application/json"}
+        ) as response:
+            payload = await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return False, type(e).__name__
+    if status != 200:
+        return False, f"http {status}"
+    try:
+        order_status = json.loads(payload).get("status")
+    except ValueError:
+        return False, "not json"
+    if order_status != "filled":
+        return False, f"status {order_status}"
+    account.filled(quantity)
+    return True, "filled"
+
+
+async def send_health(session: aiohttp.ClientSession, url: str) -> tuple[bool, str]:
+    """``GET /health``: the floor of one request through the client, loopback and aiohttp."""
+    try:
+        async with session.get(url) as response:
+            await response.read()
+            return response.status == 200, f"http {response.status}"
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return False, type(e).__name__
+
+
+async def login_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    credentials: dict[str, str],
+    recorder: Recorder,
+    stop: asyncio.Event,
+) -> None:
+    """Log in again and again until ``stop``; every answer but 200 is an error."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"email": credentials["email"], "password": credentials["password"]})
+    while not stop.is_set():
+        started = loop.time()
+        try:
+            async with session.post(
+                url, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                await response.read()
+                ok, tag = response.status == 200, f"http {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            ok, tag = False, type(e).__name__
+        elapsed = loop.time() - started
+        recorder.add(started, elapsed, elapsed, ok, tag)
+
+
+async def open_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
+    accounts = [Account(a["webhook_url"], a["webhook_secret"]) for a in document["accounts"]]
+    loop = asyncio.get_running_loop()
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    webhooks, lags, logins = Recorder(), Recorder(), Recorder()
+    connector = aiohttp.TCPConnector(limit=args.connections, limit_per_host=args.connections)
+    login_connector = aiohttp.TCPConnector(limit=max(1, args.logins))
+    stop_logins = asyncio.Event()
+    async with (
+        aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
+        ) as session,
+        aiohttp.ClientSession(
+            connector=login_connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
+        ) as login_session,
+    ):
+        login_url = document["base_url"] + "/auth/login"
+        health_url = document["base_url"] + "/health"
+        login_tasks = [
+            asyncio.create_task(
+                login_loop(login_session, login_url, credentials, logins, stop_logins)
+            )
+            for credentials in document["logins"][: args.logins]
+        ]
+        if len(login_tasks) < args.logins:
+            raise SystemExit(f"the server seeded only {len(login_tasks)} login users")
+
+        async def fire(index: int, scheduled: float) -> None:
+            account = accounts[index % len(accounts)]
+            async with account.lock:
+                sent = loop.time()
+                if args.health:
+                    ok, tag = await send_health(session, health_url)
+                else:
+                    ok, tag = await send_webhook(session, account)
+            done = loop.time()
+            webhooks.add(scheduled, done - scheduled, done - sent, ok, tag)
+            lags.add(scheduled, sent - scheduled, 0.0, True, "")
+
+        total = int((args.warmup + args.duration) * args.rate)
+        start = loop.time() + 0.05
+        cpu = CpuMeter(document["pid"])
+        cpu.schedule(loop, start + args.warmup, start + total / args.rate)
+        in_flight: set[asyncio.Task[None]] = set()
+        for index in range(total):
+            scheduled = start + index / args.rate
+            delay = scheduled - loop.time()
+            if delay > SPIN_S:
+                await asyncio.sleep(delay - SPIN_S)
+            # The selector sleeps in whole milliseconds: yield until the exact send time.
+            while loop.time() < scheduled:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            task = asyncio.create_task(fire(index, scheduled))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        end = start + total / args.rate
+        await asyncio.gather(*in_flight)
+        await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)  # the CPU meter's last mark
+        stop_logins.set()
+        await asyncio.gather(*login_tasks)
+    begin = start + args.warmup
+    measured = webhooks.window(begin, end)
+    result = summarize(measured, begin, end)
+    result["target_rate_per_s"] = args.rate
+    result["send_lag_ms"] = percentiles([s[1] for s in lags.window(begin, end)])
+    result.update(cpu.report())
+    if args.logins:
+        result["logins"] = summarize(logins.window(begin, end), begin, end)
+    return result
+
+
+async def closed_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
+    accounts = [Account(a["webhook_url"], a["webhook_secret"]) for a in document["accounts"]]
+    loop = asyncio.get_running_loop()
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    webhooks = Recorder()
+    connector = aiohttp.TCPConnector(limit=args.concurrency, limit_per_host=args.concurrency)
+    health_url = document["base_url"] + "/health"
+    start = loop.time()
+    end = start + args.warmup + args.duration
+    cpu = CpuMeter(document["pid"])
+    cpu.schedule(loop, start + args.warmup, end)
+
+    async def worker(mine: list[Account]) -> None:
+        turn = 0
+        while True:
+            account = mine[turn % len(mine)]
+            turn += 1
+            # Each account belongs to one worker, so its requests never overlap.
+            sent = loop.time()
+            if sent >= end:
+                return
+            if args.health:
+                ok, tag = await send_health(session, health_url)
+            else:
+                ok, tag = await send_webhook(session, account)
+            done = loop.time()
+            webhooks.add(sent, done - sent, done - sent, ok, tag)
+
+    async with aiohttp.ClientSession(
+        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
+    ) as session:
+        workers = [accounts[i :: args.concurrency] for i in range(args.concurrency)]
+        await asyncio.gather(*(worker(mine) for mine in workers if mine))
+    begin = start + args.warmup
+    measured = webhooks.window(begin, end)
+    result = summarize(measured, begin, end)
+    result["concurrency"] = args.concurrency
+    result.update(cpu.report())
+    return result
+
+
+def wrk_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
+    """The closed loop driven by wrk (a C client) with bench/webhook.lua: a warm-up run, then
+    the measured one."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+    lua_accounts = RESULTS / "accounts.lua"
+    entries = ",\n".join(
+        f'{{path = "{urlsplit(a["webhook_url"]).path}", secret = "{a["webhook_secret"]}"}}'
+        for a in document["accounts"]
+    )
+    lua_accounts.write_text(f"return {{\n{entries}\n}}\n")
+    env = {**os.environ, "ACCOUNTS_LUA": str(lua_accounts), "WRK_THREADS": str(args.threads)}
+    script = Path(__file__).resolve().parent / "webhook.lua"
+
+    def run(seconds: float) -> str:
+        command = [wrk, f"-t{args.threads}", f"-c{args.concurrency}", f"-d{round(seconds)}s"]
+        command += [f"--timeout={round(args.timeout)}s", "-s", str(script), document["base_url"]]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    def children_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    try:
+        if args.warmup >= 1:
+            run(args.warmup)
+        cpu = CpuMeter(document["pid"], children_seconds)
+        cpu.mark()
+        output = run(args.duration)
+        cpu.mark()
+    finally:
+        lua_accounts.unlink(missing_ok=True)
+    found = re.search(r"^WRK_RESULT (.*)$", output, re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"wrk printed no result:\n{output}")
+    measured = json.loads(found.group(1))
+    errors = measured["non_200"] + measured["not_filled"] + measured["socket_errors"]
+    return {
+        "requests": measured["requests"],
+        "errors": errors,
+        "error_kinds": {
+            k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]
+        },
+        "achieved_rate_per_s": measured["rate_per_s"],
+        "latency_ms": measured["latency_ms"],
+        "concurrency": args.concurrency,
+        "client": f"wrk -t{args.threads}",
+        **cpu.report(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("open", "closed", "wrk"))
+    parser.add_argument("--accounts-file", type=Path, default=RESULTS / "accounts.json")
+    parser.add_argument("--rate", type=float, default=200.0, help="open: requests per second")
+    parser.add_argument("--concurrency", type=int, default=16, help="closed, wrk: workers")
+    parser.add_argument("--threads", type=int, default=1, help="wrk: threads")
+    parser.add_argument("--connections", type=int, default=256, help="open: connection cap")
+    parser.add_argument("--logins", type=int, default=0, help="open: concurrent login loops")
+    parser.add_argument(
+        "--health", action="store_true", help="GET /health instead of webhooks (the HTTP floor)"
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
+    parser.add_argument("--timeout", type=float, default=10.0, help="per-request seconds")
+    parser.add_argument("--label", default=None, help="result file name (default: mode+time)")
+    args = parser.parse_args()
+
+    document = json.loads(args.accounts_file.read_text())
+    if not document["base_url"].startswith(("http://127.0.0.1:", "http://[::1]:")):
+        parser.error("the benchmark runs over loopback only")
+    if args.mode == "wrk":
+        result = wrk_loop(args, document)
+    else:
+        result = asyncio.run((open_loop if args.mode == "open" else closed_loop)(args, document))
+    budget = 60 * len(document["accounts"]) / (args.warmup + args.duration)
+    report = {
+        "mode": args.mode + ("-health" if args.health else ""),
+        "label": args.label,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "accounts": len(document["accounts"]),
+        "max_rate_within_user_limits_per_s": round(budget, 1),
+        "warmup_s": args.warmup,
+        "duration_s": args.duration,
+        "webhooks": result,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS / f"{args.label or args.mode}-{stamp}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Redis or Postgres stopped under running API and worker processes.
+
+What a user depends on: while a store is down, an order path answers 503 and acknowledges
+nothing (no order is executed behind a 5xx), login answers 503 rather than a wrong 401, and
+once the store is back the same requests succeed without restarting anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from harness import PASSWORD, Reply, Stack, eventually, webhook_body
+
+from tradecore_adapters.redis import RedisRateLimiter, connect
+
+pytestmark = pytest.mark.faults
+
+PROBLEM = "application/problem+json"
+
+
+def unavailable(reply: Reply) -> bool:
+    return reply.status == 503 and reply.content_type == PROBLEM
+
+
+async def account_orders(stack: Stack, account_id: str) -> dict[str, str]:
+    rows = await stack.db.rows(
+        "SELECT id, status FROM order_history WHERE trading_account_id = %s", account_id
+    )
+    return {str(i): str(s) for i, s in rows}
+
+
+async def test_redis_stopped_gives_503_on_order_paths_and_orders_resume_when_it_is_back(
+    stack: Stack,
+) -> None:
+    api, _, account = await asyncio.gather(stack.api(), stack.worker(), stack.new_account())
+    token = await api.access_token(stack.trader.email)
+    before = await api.webhook(account, webhook_body(account))
+    assert before.status == 200, before
+
+    await asyncio.to_thread(stack.redis.kill)
+    body = webhook_body(account)
+    webhook = await api.webhook(account, body)
+    dashboard = await api.dashboard_order(token, account)
+
+    assert unavailable(webhook), webhook
+    assert unavailable(dashboard), dashboard
+    assert await api.ready_status() == 503
+    orders = await account_orders(stack, account.trading_account_id)
+    # Nothing was acknowledged: the only new row is the dashboard order's intent, withdrawn
+    # when it could not be handed to the worker; the webhook stopped at its replay check.
+    new = {i: s for i, s in orders.items() if i != before.body["order_id"]}
+    assert list(new.values()) == ["cancelled"], orders
+    # The rate limiter failed open: that intent exists only because the dashboard order
+    # passed every check, the first of which is the rate limiter - on the stopped Redis.
+    # (Failing closed would have answered 429, or 503 before the intent was written.)
+    assert api.process is not None
+    assert "admitting the request (fail open)" in api.process.output()
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 1
+
+    await asyncio.to_thread(stack.redis.start)  # same port, empty, as after a crash
+    # The sender retries the body it got a 503 for; it must not be taken for a replay.
+    await stack.executed(await api.webhook(account, body))
+    await stack.executed(await api.dashboard_order(token, account))
+    assert await api.ready_status() == 200
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 3
+
+
+async def test_the_rate_limiter_admits_while_its_redis_is_stopped(stack: Stack) -> None:
+    """The adapter the API uses, against a server that is up, then killed."""
+    client = connect(stack.redis.url, socket_timeout_s=1.0)
+    limiter = RedisRateLimiter(client)
+    try:
+        assert (await limiter.hit("u-1", 1, 60.0)).allowed
+        assert not (await limiter.hit("u-1", 1, 60.0)).allowed  # at its limit while up
+        await asyncio.to_thread(stack.redis.kill)
+        assert (await limiter.hit("u-1", 1, 60.0)).allowed
+        assert (await limiter.hit("u-1", 1, 60.0)).allowed
+    finally:
+        await client.aclose()
+
+
+async def test_postgres_stopped_gives_503_on_order_paths_and_login_and_recovers(
+    stack: Stack,
+) -> None:
+    api, _, account = await asyncio.gather(stack.api(), stack.worker(), stack.new_account())
+    token = await api.access_token(stack.trader.email)
+    before = await api.webhook(account, webhook_body(account))
+    assert before.status == 200, before
+
+    await asyncio.to_thread(stack.proxy.stop)
+    body = webhook_body(account)
+    webhook, dashboard, login, ready = await asyncio.gather(
+        api.webhook(account, body),
+        api.dashboard_order(token, account),
+        api.login(stack.trader.email, PASSWORD),
+        api.ready_status(),
+    )
+
+    assert unavailable(webhook), webhook
+    assert unavailable(dashboard), dashboard  # not 401: the session could not be read
+    assert unavailable(login), login  # not 401: the password was never checked
+    assert ready == 503
+
+    await asyncio.to_thread(stack.proxy.start)
+
+    async def ready_again() -> bool:
+        return await api.ready_status() == 200
+
+    await eventually(ready_again, "the API to reconnect to Postgres", diagnose=stack.logs)
+    await stack.executed(await api.webhook(account, body))
+    assert (await api.login(stack.trader.email, PASSWORD)).status == 200
+    orders = await account_orders(stack, account.trading_account_id)
+    assert sorted(orders.values()) == ["filled", "filled"], orders
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 2

@@ -1,0 +1,138 @@
+"""Worker hosts that die mid-order, and brokers that drop the connection.
+
+What a user depends on: an order in flight when its worker host is killed is answered 202 and
+is carried out exactly once by the host that takes the user over - never lost, never doubled
+at the broker; and a broker that drops the line now and then does not fail orders.
+
+The paper broker's books live in Postgres (``documents``): one document per broker order,
+named after its client order id, and the account's book with its positions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+from harness import SETTLE_TIMEOUT_S, Stack, eventually, webhook_body
+
+pytestmark = pytest.mark.faults
+
+SLOW_BROKER = {"PAPER_BROKER_LATENCY_MS": "1500"}
+"""Every broker call takes 1.5 s, so an order is in flight for seconds."""
+QUANTITY = Decimal("0.1")
+
+
+async def take_over(stack: Stack) -> None:
+    """A new worker host takes the user over after the old host died: the dead host's lease
+    runs out (ended now instead of after its 30 s) and the new host, finding the user's
+    request in flight with no lease, starts the user's worker, which recovers it."""
+    await stack.end_lease()
+    await stack.worker()
+
+
+async def test_a_worker_killed_mid_order_gives_202_and_the_next_host_completes_it_once(
+    stack: Stack,
+) -> None:
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
+    )
+    token = await api.access_token(stack.trader.email)
+
+    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
+    assert reply.status == 202, reply
+    assert reply.body["status"] == "queued"
+    order_id = reply.body["order_id"]
+    await stack.order_reaches(order_id, "submitted")
+    await worker.kill()
+    assert await stack.db.order_status(order_id) == "submitted", "finished before the kill"
+
+    await take_over(stack)
+
+    async def filled() -> bool:
+        polled = await api.order(token, order_id)
+        return polled.status == 200 and polled.body["status"] == "filled"
+
+    await eventually(filled, "the recovered order to fill", timeout_s=SETTLE_TIMEOUT_S)
+    item = (await api.order(token, order_id)).body
+    assert Decimal(item["fill_quantity"]) == QUANTITY
+    assert len(item["broker_refs"]) == 1
+    [(client_order_id,)] = await stack.db.rows(
+        "SELECT client_order_id FROM order_history WHERE id = %s", order_id
+    )
+    broker_orders = await stack.db.broker_orders(account.trading_account_id)
+    assert list(broker_orders) == [
+        f"paper:live:{account.trading_account_id}:order:{client_order_id}"
+    ], broker_orders
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+
+
+async def test_a_worker_killed_between_a_reversals_close_and_entry_repeats_neither(
+    stack: Stack,
+) -> None:
+    """The harder moment: one broker order of the order (the close of a short) is placed,
+    the next (the long entry) is not, and the order-history row knows neither."""
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
+    )
+    short = await api.webhook(account, webhook_body(account, action="sell"))
+    assert short.status in (200, 202), short
+    await stack.order_reaches(short.body["order_id"], "filled")
+
+    reply = await api.webhook(account, webhook_body(account, action="buy"))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+
+    async def close_placed() -> bool:
+        return len(await stack.db.broker_orders(account.trading_account_id)) == 2
+
+    await eventually(close_placed, "the reversal's close", timeout_s=SETTLE_TIMEOUT_S)
+    await worker.kill()
+    assert await stack.db.order_status(order_id) == "submitted", "finished before the kill"
+
+    await take_over(stack)
+    await stack.order_reaches(order_id, "filled")
+
+    rows = await stack.db.rows(
+        "SELECT auto_exit, exit_quantity, position_before, fill_quantity, broker_refs"
+        " FROM order_history WHERE id = %s",
+        order_id,
+    )
+    auto_exit, exit_quantity, position_before, fill_quantity, refs = rows[0]
+    assert auto_exit is True
+    assert (exit_quantity, position_before, fill_quantity) == (QUANTITY, -QUANTITY, QUANTITY)
+    assert len(refs) == 2  # the close and the entry
+    broker_orders = await stack.db.broker_orders(account.trading_account_id)
+    assert len(broker_orders) == 3, broker_orders  # the short, the close, the entry
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+
+
+async def test_orders_fill_through_a_broker_that_drops_every_second_call(stack: Stack) -> None:
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(PAPER_BROKER_DISCONNECT_EVERY="2"), stack.new_account()
+    )
+    replies = []
+    for _ in range(3):
+        replies.append(await api.webhook(account, webhook_body(account, quantity=str(QUANTITY))))
+
+    assert [r.status for r in replies] == [200, 200, 200], [str(r) for r in replies]
+    assert [r.body["status"] for r in replies] == ["filled"] * 3
+    assert "reconnecting" in worker.output()  # the line did drop
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 3
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == 3 * QUANTITY
+
+
+async def test_a_worker_stopped_with_sigterm_hands_its_users_over_at_once(stack: Stack) -> None:
+    """A deploy stops a host with SIGTERM: it exits cleanly and releases its leases, so the
+    user's next order is served by another host now, not after the lease's 30 s."""
+    api, first, account = await asyncio.gather(stack.api(), stack.worker(), stack.new_account())
+    before = await api.webhook(account, webhook_body(account))
+    assert before.status == 200, before
+
+    await first.stop()
+    assert (first.process.returncode, first.forced) == (0, False), first.tail()
+    await stack.worker()
+    after = await api.webhook(account, webhook_body(account))
+
+    assert after.status == 200, after
+    assert after.body["status"] == "filled"
