@@ -9,10 +9,17 @@ burst of logins cannot exhaust memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from argon2 import PasswordHasher as _Argon2
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+
+T = TypeVar("T")
 
 
 class Argon2PasswordHasher:
@@ -20,16 +27,20 @@ class Argon2PasswordHasher:
 
     def __init__(self, max_concurrency: int | None = None, hasher: _Argon2 | None = None) -> None:
         self._argon2 = hasher or _Argon2()
-        self._limit = asyncio.Semaphore(max_concurrency or max(1, os.cpu_count() or 1))
+        workers = max_concurrency or max(1, os.cpu_count() or 1)
+        self._limit = asyncio.Semaphore(workers)
+        self._threads = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="argon2", initializer=_lower_priority
+        )
         self._dummy_hash = self._argon2.hash("dummy password for unknown users")
 
     async def hash(self, password: str) -> str:
         async with self._limit:
-            return await asyncio.to_thread(self._argon2.hash, password)
+            return await self._run(self._argon2.hash, password)
 
     async def verify(self, encoded: str, password: str) -> bool:
         async with self._limit:
-            return await asyncio.to_thread(self._verify_sync, encoded, password)
+            return await self._run(self._verify_sync, encoded, password)
 
     def needs_rehash(self, encoded: str) -> bool:
         try:
@@ -45,3 +56,13 @@ class Argon2PasswordHasher:
             return self._argon2.verify(encoded, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return False
+
+    async def _run(self, call: Callable[..., T], *args: str) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call, *args)
+
+
+def _lower_priority() -> None:
+    """Hashing threads yield the CPU to the event loop (Linux: per-thread nice 19), so a
+    burst of logins never slows the order paths; elsewhere this does nothing."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

@@ -169,6 +169,7 @@ class MemoryOrderHistory:
     def __init__(self) -> None:
         self._rows: dict[str, OrderHistoryRecord] = {}
         self._fingerprints: set[tuple[str, str]] = set()
+        self._created: dict[str, list[datetime]] = {}  # per user, for the daily cap
 
     async def add(self, record: OrderHistoryRecord) -> None:
         if record.fingerprint is not None:
@@ -177,6 +178,7 @@ class MemoryOrderHistory:
                 raise DuplicateOrder(record.fingerprint)
             self._fingerprints.add(key)
         self._rows[record.id] = record
+        self._created.setdefault(record.user_id, []).append(record.created_at)
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return self._rows.get(order_id)
@@ -218,7 +220,7 @@ class MemoryOrderHistory:
         return rows[:limit]
 
     async def count_since(self, user_id: str, since: datetime) -> int:
-        return sum(1 for r in self._rows.values() if r.user_id == user_id and r.created_at >= since)
+        return sum(1 for at in self._created.get(user_id, ()) if at >= since)
 
 
 class MemoryAuditLog:
