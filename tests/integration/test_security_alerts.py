@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email
-import email.policy
 import html
 import ipaddress
 import json
 import logging
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from email.message import EmailMessage
 from http.cookies import SimpleCookie
@@ -28,11 +25,11 @@ import attrs
 import pytest
 from aiohttp import ClientResponse, DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
-from aiosmtpd.controller import Controller
 from click.testing import CliRunner
 from dependency_injector import providers
 from hypothesis import given
 from hypothesis import strategies as st
+from smtp_support import Inbox, free_port
 
 from tradecore.audit import AuditAction, AuditEntry, RequestContext, StoredAuditEntry
 from tradecore.identity import AllowedIp, Plan, User
@@ -73,37 +70,6 @@ WAIT_S = 30.0
 
 
 # --- a real SMTP server ------------------------------------------------------------------------
-
-
-class Inbox:
-    """aiosmtpd handler keeping every message it accepted."""
-
-    def __init__(self) -> None:
-        self.messages: list[EmailMessage] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        assert isinstance(parsed, EmailMessage)
-        self.messages.append(parsed)
-        return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, int]]:
-    handler = Inbox()
-    port = free_port()
-    controller = Controller(handler, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield handler, port
-    finally:
-        controller.stop()
 
 
 class SilentServer:

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import email
-import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator
-from email.message import Message
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -18,6 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from smtp_support import Inbox, free_port
 
 from tradecore.ports.identity import MailMessage
 from tradecore_adapters.mail.smtp import SmtpConfigError, SmtpMailer, SmtpSettings
@@ -28,37 +25,6 @@ MESSAGE = MailMessage(
     text="Someone sent a webhook with a wrong secret.",
     html="<p>Someone sent a webhook with a <b>wrong secret</b>.</p>",
 )
-
-
-class Inbox:
-    """aiosmtpd handler that keeps what it received."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.envelopes: list[tuple[str, list[str]]] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
-        self.messages.append(email.message_from_bytes(envelope.content))
-        return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, int]]:
-    handler = Inbox()
-    port = free_port()
-    controller = Controller(handler, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield handler, port
-    finally:
-        controller.stop()
 
 
 def self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
