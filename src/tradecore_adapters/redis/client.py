@@ -186,12 +186,18 @@ class Wakeups:
 
     async def _listen(self) -> None:
         backoff = _BACKOFF_FIRST_S
+        me = asyncio.current_task()
+        assert me is not None
         while True:
             pubsub = self._client.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
                 while True:
                     message = await pubsub.get_message(timeout=_LISTEN_SLICE_S)
+                    if me.cancelling():
+                        # redis-py may absorb a cancellation that lands inside a read with a
+                        # timeout; ``aclose`` must not wait for a listener that goes on.
+                        raise asyncio.CancelledError
                     if message is None:
                         continue
                     kind = message.get("type")
