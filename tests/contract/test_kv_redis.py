@@ -396,13 +396,15 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
     assert await directory.acquire("u1", "h1", 30) is not None
+    # listeners of other test runs on this database are not ours to count or kill
+    others = set(await _subscribers(client, rounds=1))
     # Below the take's own re-check interval: only a wake-up can deliver within it.
     first = asyncio.create_task(queue.take("u1", 3))
-    (listener,) = await _subscribers(client)
+    (listener,) = await _subscribers(client, exclude=others)
     assert await client.client_kill_filter(_id=listener) == 1
     assert await queue.push(order_request("r1"))
     assert await first == order_request("r1")
-    assert len(await _subscribers(client)) == 1
+    assert len(await _subscribers(client, exclude=others | {listener})) == 1
     second = asyncio.create_task(queue.take("u1", 3))
     await asyncio.sleep(0.01)
     assert await queue.push(order_request("r2"))
@@ -410,15 +412,21 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     await queue.aclose()
 
 
-async def _subscribers(client: Redis) -> list[str]:
+async def _subscribers(
+    client: Redis, *, exclude: set[str] | frozenset[str] = frozenset(), rounds: int = 200
+) -> list[str]:
     """The ids of the test database's pub/sub listeners, once there is one (bounded rounds).
     Channels are server-wide, so listeners of other databases (other processes sharing the
     server) are left out, and left alone."""
     db = int(client.connection_pool.connection_kwargs.get("db", 0))
     ids: list[str] = []
-    for _ in range(200):
+    for _ in range(rounds):
         listeners = await client.client_list(_type="pubsub")
-        ids = [c["id"] for c in listeners if int(c["db"]) == db and int(c["sub"]) > 0]
+        ids = [
+            c["id"]
+            for c in listeners
+            if int(c["db"]) == db and int(c["sub"]) > 0 and c["id"] not in exclude
+        ]
         if ids:
             return ids
         await asyncio.sleep(0.01)

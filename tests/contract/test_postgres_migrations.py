@@ -208,16 +208,13 @@ async def test_the_check_pings_only_new_idle_or_disturbed_connections(pg_conninf
     async with await psycopg.AsyncConnection.connect(pg_conninfo, autocommit=True) as conn:
         await check.check(conn)
         assert pings.count == 1  # never lent before
-        await check.returned(conn)
         pings.now += 4.9
         await check.check(conn)
         assert pings.count == 1  # in steady use: the peek alone
-        await check.returned(conn)
         pings.now += 5.0
         await check.check(conn)
         assert pings.count == 2  # idle long enough for a silent failure
         await conn.execute("LISTEN pool_check")
-        await check.returned(conn)
         async with await psycopg.AsyncConnection.connect(pg_conninfo, autocommit=True) as other:
             await other.execute("NOTIFY pool_check")
         for _ in range(200):  # the server sends the notification on its own

@@ -45,10 +45,11 @@ class ConnectionCheck:
 
     A connection the server closed (a restart, a terminated backend, a proxy that dropped
     it) has its end of the socket readable: a non-blocking peek sees the end of the stream
-    or the server's farewell message. Such a connection, one that was never lent, and one
-    that sat unused for ``ping_after_idle_s`` or more (a silent network failure shows no
-    sign on the socket) are pinged with an empty query; the pool replaces a connection whose
-    ping fails. A connection in steady use is lent after the peek alone.
+    or the server's farewell message. Such a connection, one lent for the first time, and
+    one last lent ``ping_after_idle_s`` or more ago (a silent network failure shows no sign
+    on the socket) are pinged with an empty query; the pool replaces a connection whose
+    ping fails. A connection in steady use is lent after the peek alone. (No ``reset``
+    callback is needed: one would route every return through the pool's worker tasks.)
     """
 
     def __init__(
@@ -63,19 +64,16 @@ class ConnectionCheck:
         self._ping_after_idle_s = ping_after_idle_s
         self._ping = ping
         self._monotonic = monotonic
-        self._returned: weakref.WeakKeyDictionary[AsyncConnection[Any], float]
-        self._returned = weakref.WeakKeyDictionary()
+        self._lent: weakref.WeakKeyDictionary[AsyncConnection[Any], float]
+        self._lent = weakref.WeakKeyDictionary()
 
     async def check(self, conn: AsyncConnection[Any]) -> None:
         """The pool's ``check`` callback: return quietly, or raise for a broken connection."""
-        returned = self._returned.pop(conn, None)
-        idle_s = math.inf if returned is None else self._monotonic() - returned
-        if idle_s >= self._ping_after_idle_s or not socket_quiet(conn):
+        now = self._monotonic()
+        lent = self._lent.get(conn)
+        self._lent[conn] = now
+        if lent is None or now - lent >= self._ping_after_idle_s or not socket_quiet(conn):
             await self._ping(conn)
-
-    async def returned(self, conn: AsyncConnection[Any]) -> None:
-        """The pool's ``reset`` callback: note when the connection came back."""
-        self._returned[conn] = self._monotonic()
 
 
 def socket_quiet(conn: AsyncConnection[Any]) -> bool:
@@ -120,7 +118,6 @@ def make_pool(
         timeout=timeout_s,
         open=False,
         check=None if check is None else check.check,
-        reset=None if check is None else check.returned,
         name="tradecore",
     )
     return pool
