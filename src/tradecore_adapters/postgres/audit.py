@@ -69,20 +69,37 @@ _TYPES = (
 # One statement per batch: move the chain head from the seal the batch was sealed onto to the
 # batch's last seal, and insert the entries, in chain order, only if that compare-and-set
 # took. Concurrent appends (other processes) serialize on the head row; the loser's
-# compare-and-set finds the head moved, inserts nothing, and seals its batch again.
-_APPEND = sql.SQL(
-    "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
-    " WHERE seal = %(previous)s RETURNING 1)"
-    " INSERT INTO audit_logs ({columns})"
-    " SELECT {selected} FROM head, unnest({arrays}) WITH ORDINALITY AS e({columns}, n)"
-    " ORDER BY e.n RETURNING id, seal"
-).format(
-    columns=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS),
-    selected=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c)) for c in _COLUMNS),
-    arrays=sql.SQL(", ").join(
-        sql.SQL("{}::{}[]").format(sql.Placeholder(c), sql.SQL(t))
-        for c, t in zip(_COLUMNS, _TYPES, strict=True)
-    ),
+# compare-and-set finds the head moved, inserts nothing, and seals its batch again. A batch
+# of one uses the plain form (no arrays to build). Both texts are composed once.
+_APPEND = (
+    sql.SQL(
+        "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
+        " WHERE seal = %(previous)s RETURNING 1)"
+        " INSERT INTO audit_logs ({columns})"
+        " SELECT {selected} FROM head, unnest({arrays}) WITH ORDINALITY AS e({columns}, n)"
+        " ORDER BY e.n RETURNING id, seal"
+    )
+    .format(
+        columns=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS),
+        selected=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c)) for c in _COLUMNS),
+        arrays=sql.SQL(", ").join(
+            sql.SQL("{}::{}[]").format(sql.Placeholder(c), sql.SQL(t))
+            for c, t in zip(_COLUMNS, _TYPES, strict=True)
+        ),
+    )
+    .as_string()
+)
+_APPEND_ONE = (
+    sql.SQL(
+        "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
+        " WHERE seal = %(previous)s RETURNING 1)"
+        " INSERT INTO audit_logs ({columns}) SELECT {values} FROM head RETURNING id, seal"
+    )
+    .format(
+        columns=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS),
+        values=sql.SQL(", ").join(sql.Placeholder(c) for c in _COLUMNS),
+    )
+    .as_string()
 )
 
 
@@ -204,7 +221,11 @@ class PostgresAuditLog:
                 "previous": previous,
                 "last": seals[-1],
             }
-            rows = await fetch_all(self._pool, _APPEND, params)
+            if len(entries) == 1:
+                single = {c: params[c][0] for c in _COLUMNS}
+                rows = await fetch_all(self._pool, _APPEND_ONE, {**params, **single})
+            else:
+                rows = await fetch_all(self._pool, _APPEND, params)
             if rows:
                 self._head = seals[-1]
                 ids = {str(r["seal"]): int(r["id"]) for r in rows}

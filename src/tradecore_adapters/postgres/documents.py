@@ -7,13 +7,28 @@ never replaces: the first document stored under a name stays (key material, the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import execute, fetch_one
+
+
+@functools.lru_cache(maxsize=16)
+def _upsert_rows(count: int) -> str:
+    """One INSERT ... ON CONFLICT for ``count`` (name, body) pairs."""
+    return (
+        sql.SQL(
+            "INSERT INTO documents (name, body, updated_at) VALUES {rows}"
+            " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
+        )
+        .format(rows=sql.SQL(", ").join([sql.SQL("(%s, %s, now())")] * count))
+        .as_string()
+    )
 
 
 class PostgresDocumentStore:
@@ -41,13 +56,10 @@ class PostgresDocumentStore:
         """Store every document under its name in one statement (all or none), durably."""
         if not documents:
             return
-        await execute(
-            self._pool,
-            "INSERT INTO documents (name, body, updated_at)"
-            " SELECT d.name, d.body, now() FROM unnest(%s::text[], %s::jsonb[]) AS d(name, body)"
-            " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()",
-            (list(documents), [Jsonb(d) for d in documents.values()]),
-        )
+        params: list[Any] = []
+        for name, document in documents.items():
+            params += [name, Jsonb(document)]
+        await execute(self._pool, _upsert_rows(len(documents)), params)
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
         """Store ``document`` under ``name`` unless one is there; the stored document. Of
