@@ -49,6 +49,7 @@ from tradecore_entrypoints.container import (
     embedded_system,
     make_app,
 )
+from tradecore_entrypoints.loop import run_fast
 
 log = logging.getLogger("bench.seeded_server")
 
@@ -153,7 +154,7 @@ def main() -> None:
     # The same logging as `tradecore serve` (its default --log-level WARNING).
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(serve(args))
+        run_fast(serve(args))  # the event loop of `tradecore serve`
     except ConfigError as e:
         print(f"seeded_server: {e}", file=sys.stderr)
         sys.exit(2)

@@ -38,6 +38,7 @@ from tradecore_entrypoints.container import (
     embedded_system,
     make_app,
 )
+from tradecore_entrypoints.loop import run_fast
 from tradecore_entrypoints.production import build_worker_system
 
 log = logging.getLogger("tradecore.serve")
@@ -91,7 +92,7 @@ def serve(host: str, port: int, seed_demo: bool) -> None:
         settings = Settings.from_env()
         if seed_demo and settings.production:
             raise ConfigError("--demo is refused with TRADECORE_ENV=production")
-        asyncio.run(serve_forever(settings, host, port, demo=seed_demo, echo=click.echo))
+        run_fast(serve_forever(settings, host, port, demo=seed_demo, echo=click.echo))
     except ConfigError as e:
         _fail(str(e))
     except OSError as e:
@@ -154,7 +155,7 @@ def worker() -> None:
         settings = Settings.from_env()
         if settings.database_url is None or settings.redis_url is None:
             raise ConfigError("tradecore worker needs DATABASE_URL and REDIS_URL")
-        asyncio.run(run_worker(settings))
+        run_fast(run_worker(settings))
     except ConfigError as e:
         _fail(str(e))
     except StoreUnavailable as e:
