@@ -8,7 +8,7 @@ a statement timeout, so no query can hang a request past its budget.
 from __future__ import annotations
 
 import math
-import socket
+import select
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -78,23 +78,20 @@ class ConnectionCheck:
 
 def socket_quiet(conn: AsyncConnection[Any]) -> bool:
     """True when the connection is open and the server has sent nothing since its last reply
-    (nothing to read, no end of stream): a non-blocking peek, no round trip."""
+    (nothing to read, no end of stream, no error): one non-blocking ``poll``, no round trip."""
     if conn.broken or conn.closed:
         return False
     try:
         fd = conn.pgconn.socket
     except Exception:
         return False
-    peek = socket.socket(fileno=fd)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
     try:
-        peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return True  # nothing to read: the normal state of an idle connection
+        ready = poller.poll(0)
     except OSError:
         return False
-    finally:
-        peek.detach()  # the descriptor stays libpq's
-    return False  # the end of the stream, or a message nobody asked for
+    return not ready  # readable: the end of the stream, or a message nobody asked for
 
 
 def make_pool(
