@@ -40,7 +40,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import attrs
 
@@ -221,13 +221,14 @@ class WorkerHost:
         live ago or more. Returns the users whose lease was lost; their workers take nothing
         more."""
         ttl_s = self._settings.mark_ttl_s
+        renewed_by = self._clock.now() - timedelta(seconds=ttl_s / 6)  # one clock read
         due = {
             user_id: slot.token
             for user_id, slot in self._slots.items()
             if slot.token is not None
             and not slot.lost
             and slot.renewed_at is not None
-            and self._seconds_since(slot.renewed_at) >= ttl_s / 6
+            and slot.renewed_at <= renewed_by
         }
         if not due:
             return set()
