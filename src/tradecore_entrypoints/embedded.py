@@ -147,10 +147,10 @@ def build_embedded(
     settings = settings or OrderSettings()
 
     users = MemoryUserRepository()
-    accounts = MemoryTradingAccountRepository(users)
     orders = MemoryOrderHistory()
     audit = MemoryAuditLog()
     allowed_ips = MemoryAllowedIpRepository()
+    accounts = MemoryTradingAccountRepository(users, allowed_ips, orders)
     replay = MemoryReplayStore(clock)
     limiter = MemoryRateLimiter(clock)
     throttle = MemoryAlertThrottle(clock)

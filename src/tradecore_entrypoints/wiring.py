@@ -61,9 +61,7 @@ def order_flows(
     return OrderFlows(
         events=events,
         provisioning=Provisioning(users, accounts, hasher, clock, random),
-        webhooks=WebhookIntake(
-            accounts, allowed_ips, replay, checks, dispatcher, events, clock, settings
-        ),
+        webhooks=WebhookIntake(accounts, replay, checks, dispatcher, events, clock, settings),
         dashboard=DashboardOrders(
             accounts, allowed_ips, checks, dispatcher, events, clock, settings
         ),

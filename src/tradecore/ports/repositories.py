@@ -10,6 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+import attrs
+
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
 from tradecore.audit_chain import SealedEntry
@@ -82,6 +84,21 @@ class AllowedIpRepository(Protocol):
     async def remove(self, entry_id: str, user_id: str) -> bool: ...
 
 
+@attrs.frozen
+class WebhookOwner:
+    """What the webhook checks read about the owner of a webhook token, read in one lookup.
+
+    ``allowed_ips``: the user's allowed addresses and CIDR blocks (``AllowedIp.ip_address``),
+    oldest first; empty means every address is allowed. ``orders_since``: the user's orders
+    (real and simulated) created at or after the instant the caller named.
+    """
+
+    account: TradingAccount
+    user: User
+    allowed_ips: tuple[str, ...]
+    orders_since: int
+
+
 @runtime_checkable
 class TradingAccountRepository(Protocol):
     async def add(self, account: TradingAccount) -> None: ...
@@ -92,6 +109,16 @@ class TradingAccountRepository(Protocol):
 
     async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
         """Layer 1 in one lookup: the live account with that token digest and its owner."""
+        ...
+
+    async def webhook_owner(
+        self, token_hash: str, *, orders_since: datetime
+    ) -> WebhookOwner | None:
+        """Layer 1 and the owner's data the next checks need, in one lookup: the live account
+        with that token digest, its owner, the owner's allowed IPs (as
+        ``AllowedIpRepository.list_for_user`` lists them) and the owner's order count since
+        ``orders_since`` (as ``OrderHistory.count_since`` counts it). None when no live account
+        has that digest."""
         ...
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]: ...

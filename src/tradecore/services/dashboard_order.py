@@ -3,7 +3,8 @@
 The caller is already authenticated (and CSRF-checked for cookie sessions) by the HTTP layer.
 The account must be the caller's own (404 otherwise, revealing nothing), the allowed-IP list
 applies to trading requests as to webhooks, then the additional checks and the hand-off to the
-worker, waiting up to ``order_wait_s`` (30 s) before answering 202.
+worker, waiting up to ``order_wait_s`` (30 s) before answering 202. Every request leaves one
+audit entry; the success entry is written while the worker executes the order.
 """
 
 from __future__ import annotations
@@ -131,12 +132,15 @@ class DashboardOrders:
             source=Source.DASHBOARD,
             simulation=simulation,
         )
+
+        async def record_order(order_id: str) -> None:
+            await audit(True, None, order_id)
+
         dispatched = await self._dispatcher.dispatch(
-            intent, now=now, wait_s=self._settings.order_wait_s
+            intent, now=now, wait_s=self._settings.order_wait_s, on_committed=record_order
         )
         outcome = dispatched.outcome
         if isinstance(outcome, Rejected):
             await audit(False, outcome.detail)
-        else:
-            await audit(True, None, dispatched.order_id)
+        # a success's entry was written by record_order, while the worker had the order
         return outcome

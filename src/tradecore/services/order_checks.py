@@ -48,8 +48,13 @@ class OrderChecks:
         simulation: bool,
         source: Source,
         now: datetime,
+        orders_today: int | None = None,
     ) -> Rejected | None:
-        """None when the order may go ahead; otherwise the refusal."""
+        """None when the order may go ahead; otherwise the refusal.
+
+        ``orders_today`` is the user's order count since the start of ``now``'s UTC day
+        (``OrderHistory.count_since``) when the caller has already read it (the webhook path
+        reads it with the token lookup); without it the count is read here, in its turn."""
         settings = self._settings
         rate = await self._limiter.hit(
             user.id, settings.rate_limit_per_minute, settings.rate_window_s
@@ -59,8 +64,9 @@ class OrderChecks:
         plan = user.effective_plan(now)
         if not simulation and not real_orders_allowed(plan):
             return Rejected(403, "plan_simulation_only", "Your plan allows simulation orders only")
-        today = await self._orders.count_since(user.id, start_of_utc_day(now))
-        if daily_cap_reached(plan, today, settings.plan_caps):
+        if orders_today is None:
+            orders_today = await self._orders.count_since(user.id, start_of_utc_day(now))
+        if daily_cap_reached(plan, orders_today, settings.plan_caps):
             return Rejected(429, "daily_cap_reached", "Daily order limit of your plan reached")
         if not simulation and not account.credentials_verified:
             status = 400 if source is Source.WEBHOOK else 403

@@ -1,7 +1,8 @@
 """The webhook order flow: ``POST /webhook/{token}/order`` (architecture.md §4).
 
 1. strict parse (400 ``webhook_payload_invalid``);
-2. layer 1: the URL token resolves to account and user in one lookup (404 / 403 disabled);
+2. layer 1: the URL token resolves to account and user in one lookup (404 / 403 disabled),
+   which also reads the user's allowed IPs and today's order count (for step 5's daily cap);
 3. the allowed-IP list (403 ``webhook_ip_blocked``), before anything of the user's is spent;
 4. layer 2 timestamp (401 ``webhook_timestamp_expired``, detail ``Request expired``), layer 3
    secret (401 ``webhook_credential_attack``) - both skipped in simulation - and layer 4
@@ -9,8 +10,9 @@
 5. the additional checks (rate limit, plan, daily cap, credentials, terms, symbol);
 6. the durable intent and the hand-off to the worker (OrderDispatcher).
 
-Every request leaves exactly one audit entry. A 5xx before the intent is durable releases the
-replay key, so the sender's retry of the same body is not refused as a replay.
+Every request leaves exactly one audit entry; the success entry is written while the worker
+executes the order, and the answer waits for both. A 5xx before the intent is durable releases
+the replay key, so the sender's retry of the same body is not refused as a replay.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from typing import Any
 
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import StoreUnavailable
-from tradecore.identity import User
+from tradecore.limits import start_of_utc_day
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import Source
 from tradecore.ports.protection import ReplayStore
-from tradecore.ports.repositories import AllowedIpRepository, TradingAccountRepository
+from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.security import (
     credential_attack_metadata,
@@ -61,7 +63,6 @@ class WebhookIntake:
     def __init__(
         self,
         accounts: TradingAccountRepository,
-        allowed_ips: AllowedIpRepository,
         replay: ReplayStore,
         checks: OrderChecks,
         dispatcher: OrderDispatcher,
@@ -70,7 +71,6 @@ class WebhookIntake:
         settings: OrderSettings,
     ) -> None:
         self._accounts = accounts
-        self._allowed_ips = allowed_ips
         self._replay = replay
         self._checks = checks
         self._dispatcher = dispatcher
@@ -101,29 +101,31 @@ class WebhookIntake:
     ) -> OrderOutcome:
         now = self._clock.now()
         payload = parse_webhook_body(body, simulation=simulation)
-        found = await self._accounts.by_webhook_token_hash(hash_secret(token))
+        found = await self._accounts.webhook_owner(
+            hash_secret(token), orders_since=start_of_utc_day(now)
+        )
 
         async def audit(
             action: AuditAction,
             success: bool,
             *,
             resource_type: str = "trading_account",
-            resource_id: str | None = None if found is None else found[0].id,
+            resource_id: str | None = None if found is None else found.account.id,
             **fields: Any,
         ) -> None:
             await self._events.record(
                 action,
                 context,
-                user_id=None if found is None else found[1].id,
+                user_id=None if found is None else found.user.id,
                 success=success,
                 resource_type=resource_type,
                 resource_id=resource_id,
-                account_name=None if found is None else found[0].name,
+                account_name=None if found is None else found.account.name,
                 **fields,
             )
 
         if isinstance(payload, PayloadInvalid):
-            account_id = None if found is None else found[0].id
+            account_id = None if found is None else found.account.id
             await audit(
                 AuditAction.WEBHOOK_PAYLOAD_INVALID,
                 False,
@@ -134,12 +136,12 @@ class WebhookIntake:
         if found is None:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message="unknown webhook token")
             return NOT_FOUND
-        account, user = found
+        account, user = found.account, found.user
         if user.disabled:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message="user disabled")
             return Rejected(403, "forbidden", "Forbidden")
 
-        if not await self._ip_permitted(user, context.ip_address):
+        if found.allowed_ips and not ip_allowed(context.ip_address, found.allowed_ips):
             await audit(
                 AuditAction.WEBHOOK_IP_BLOCKED,
                 False,
@@ -201,6 +203,7 @@ class WebhookIntake:
             simulation=simulation,
             source=Source.WEBHOOK,
             now=now,
+            orders_today=found.orders_since,
         )
         if refusal is not None:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=refusal.detail)
@@ -217,9 +220,27 @@ class WebhookIntake:
             simulation=simulation,
             fingerprint=fingerprint,
         )
+
+        async def record_order(order_id: str) -> None:
+            claimed.clear()  # from here on the order exists: the key must stay
+            await audit(
+                AuditAction.WEBHOOK_ORDER,
+                True,
+                resource_type="order",
+                resource_id=order_id,
+                metadata={
+                    "trading_account_id": account.id,
+                    "simulation": simulation,
+                    "payload_hash": fingerprint,
+                },
+            )
+
         try:
             dispatched = await self._dispatcher.dispatch(
-                intent, now=now, wait_s=self._settings.webhook_wait_s
+                intent,
+                now=now,
+                wait_s=self._settings.webhook_wait_s,
+                on_committed=record_order,
             )
         except Duplicate:
             await audit(
@@ -236,23 +257,8 @@ class WebhookIntake:
             if not dispatched.durable:
                 await self._release(fingerprint)
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=outcome.detail)
-            return outcome
-        await audit(
-            AuditAction.WEBHOOK_ORDER,
-            True,
-            resource_type="order",
-            resource_id=dispatched.order_id,
-            metadata={
-                "trading_account_id": account.id,
-                "simulation": simulation,
-                "payload_hash": fingerprint,
-            },
-        )
+        # a success's entry was written by record_order, while the worker had the order
         return outcome
-
-    async def _ip_permitted(self, user: User, ip: str) -> bool:
-        entries = await self._allowed_ips.list_for_user(user.id)
-        return not entries or ip_allowed(ip, [e.ip_address for e in entries])
 
     async def _release(self, fingerprint: str) -> None:
         try:

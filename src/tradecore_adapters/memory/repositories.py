@@ -19,6 +19,7 @@ from tradecore.audit_chain import GENESIS, SealedEntry, normalized, seal
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
+from tradecore.ports.repositories import WebhookOwner
 
 
 class MemoryUserRepository:
@@ -133,8 +134,18 @@ class MemoryAllowedIpRepository:
 
 
 class MemoryTradingAccountRepository:
-    def __init__(self, users: MemoryUserRepository) -> None:
+    """The accounts; ``webhook_owner`` also reads the allowed IPs and the order history given
+    here (the stores of the same runtime)."""
+
+    def __init__(
+        self,
+        users: MemoryUserRepository,
+        allowed_ips: MemoryAllowedIpRepository,
+        orders: MemoryOrderHistory,
+    ) -> None:
         self._users = users
+        self._allowed_ips = allowed_ips
+        self._orders = orders
         self._accounts: dict[str, TradingAccount] = {}
         self._id_by_token_hash: dict[str, str] = {}
 
@@ -153,6 +164,21 @@ class MemoryTradingAccountRepository:
             return None
         user = await self._users.get(account.user_id)
         return None if user is None else (account, user)
+
+    async def webhook_owner(
+        self, token_hash: str, *, orders_since: datetime
+    ) -> WebhookOwner | None:
+        found = await self.by_webhook_token_hash(token_hash)
+        if found is None:
+            return None
+        account, user = found
+        entries = await self._allowed_ips.list_for_user(user.id)
+        return WebhookOwner(
+            account=account,
+            user=user,
+            allowed_ips=tuple(e.ip_address for e in entries),
+            orders_since=await self._orders.count_since(user.id, orders_since),
+        )
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]:
         accounts = [a for a in self._accounts.values() if a.user_id == user_id and not a.deleted]

@@ -1,4 +1,5 @@
-"""Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner.
+"""Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner
+(and, for ``webhook_owner``, the owner's allowed IPs and order count in the same statement).
 
 Broker credentials are stored as the ciphertext the core hands over (``bytea``), never opened
 here.
@@ -6,10 +7,12 @@ here.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from tradecore.accounts import TradingAccount
 from tradecore.identity import User
+from tradecore.ports.repositories import WebhookOwner
 from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, execute, fetch_all, fetch_one, utc
@@ -18,6 +21,18 @@ _OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
 _BY_TOKEN = (
     f"SELECT a.*, {_OWNER} FROM trading_accounts a JOIN users u ON u.id = a.user_id"  # noqa: S608 - constant column names
     " WHERE a.webhook_token_hash = %s AND NOT a.deleted"
+)
+# The same probe, plus the owner's allowed IPs (user_allowed_ips_unique, led by user_id) and
+# order count since an instant (order_history_by_user): the scalar subqueries run only for the
+# one matching row.
+_WEBHOOK_OWNER = (
+    f"SELECT a.*, {_OWNER},"  # noqa: S608 - constant column names
+    " ARRAY(SELECT ip.ip_address FROM user_allowed_ips ip WHERE ip.user_id = a.user_id"
+    " ORDER BY ip.created_at, ip.seq) AS webhook_allowed_ips,"
+    " (SELECT count(*) FROM order_history o WHERE o.user_id = a.user_id"
+    " AND o.created_at >= %(since)s) AS webhook_orders_since"
+    " FROM trading_accounts a JOIN users u ON u.id = a.user_id"
+    " WHERE a.webhook_token_hash = %(token_hash)s AND NOT a.deleted"
 )
 
 
@@ -92,6 +107,20 @@ class PostgresTradingAccountRepository:
     async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
         row = await fetch_one(self._pool, _BY_TOKEN, (token_hash,))
         return None if row is None else (account_from_row(row), user_from_row(row, "owner_"))
+
+    async def webhook_owner(
+        self, token_hash: str, *, orders_since: datetime
+    ) -> WebhookOwner | None:
+        params = {"token_hash": token_hash, "since": orders_since}
+        row = await fetch_one(self._pool, _WEBHOOK_OWNER, params)
+        if row is None:
+            return None
+        return WebhookOwner(
+            account=account_from_row(row),
+            user=user_from_row(row, "owner_"),
+            allowed_ips=tuple(str(ip) for ip in row["webhook_allowed_ips"]),
+            orders_since=int(row["webhook_orders_since"]),
+        )
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]:
         rows = await fetch_all(

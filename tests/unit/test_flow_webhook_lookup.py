@@ -1,0 +1,177 @@
+"""The webhook flow reads the owner, the allowed IPs and today's order count in one lookup
+(``TradingAccountRepository.webhook_owner``), still decides in the specification's order, and
+writes its success entry while the worker executes the order."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+import attrs
+import pytest
+from support import ATTACKER_IP, Trader, context
+
+from tradecore.audit import AuditAction, AuditEntry
+from tradecore.errors import DatabaseUnavailable
+from tradecore.identity import AllowedIp, Plan
+from tradecore.limits import start_of_utc_day
+from tradecore.orders import AlertAction
+from tradecore.ports.repositories import WebhookOwner
+from tradecore.services.dashboard_order import DashboardOrder
+from tradecore.services.outcomes import Accepted, Rejected
+from tradecore.webhooks import hash_secret
+
+
+async def owner_of(trader: Trader) -> WebhookOwner:
+    system = trader.system
+    found = await system.accounts.webhook_owner(
+        hash_secret(trader.token), orders_since=start_of_utc_day(system.clock.now())
+    )
+    assert found is not None
+    return found
+
+
+def only_the_lookup(
+    trader: Trader, patch: pytest.MonkeyPatch, owner: WebhookOwner, since: list[datetime]
+) -> None:
+    """Serve ``owner`` from the one lookup; every other read of the same data fails."""
+
+    async def lookup(token_hash: str, *, orders_since: datetime) -> WebhookOwner | None:
+        since.append(orders_since)
+        return owner if token_hash == hash_secret(trader.token) else None
+
+    async def refused(*args: object) -> object:
+        raise AssertionError("the webhook path read this outside the token lookup")
+
+    system = trader.system
+    patch.setattr(system.accounts, "webhook_owner", lookup)
+    patch.setattr(system.accounts, "by_webhook_token_hash", refused)
+    patch.setattr(system.allowed_ips, "list_for_user", refused)
+    patch.setattr(system.orders, "count_since", refused)
+
+
+async def test_an_order_needs_only_the_one_lookup(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = await owner_of(trader)
+    since: list[datetime] = []
+    only_the_lookup(trader, monkeypatch, owner, since)
+
+    outcome = await trader.send(trader.body())
+
+    assert isinstance(outcome, Accepted)
+    assert since == [start_of_utc_day(trader.system.clock.now())]
+
+
+async def test_the_allowed_ips_come_from_the_lookup(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = attrs.evolve(await owner_of(trader), allowed_ips=("203.0.113.0/24",))
+    only_the_lookup(trader, monkeypatch, owner, [])
+
+    blocked = await trader.send(trader.body(), ip=ATTACKER_IP)
+    allowed = await trader.send(trader.body(quantity=2))
+
+    assert isinstance(blocked, Rejected) and blocked.code == "ip_not_allowed"
+    assert isinstance(allowed, Accepted)
+
+
+async def test_the_daily_cap_reads_the_count_of_the_lookup(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = trader.system.settings.plan_caps.cap(Plan.PRO)
+    assert cap is not None
+    owner = attrs.evolve(await owner_of(trader), orders_since=cap)
+    only_the_lookup(trader, monkeypatch, owner, [])
+
+    outcome = await trader.send(trader.body())
+
+    assert isinstance(outcome, Rejected) and outcome.code == "daily_cap_reached"
+    assert trader.audit_actions() == [AuditAction.WEBHOOK_ORDER]
+
+
+async def test_the_cap_still_decides_after_the_ip_check_replay_and_rate_limit(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = trader.system.settings.plan_caps.cap(Plan.PRO)
+    assert cap is not None
+    owner = attrs.evolve(await owner_of(trader), orders_since=cap, allowed_ips=("203.0.113.7",))
+    only_the_lookup(trader, monkeypatch, owner, [])
+    body = trader.body()
+
+    from_elsewhere = await trader.send(body, ip=ATTACKER_IP)
+    capped = await trader.send(body)
+    replayed = await trader.send(body)
+
+    assert isinstance(from_elsewhere, Rejected) and from_elsewhere.code == "ip_not_allowed"
+    assert isinstance(capped, Rejected) and capped.code == "daily_cap_reached"
+    assert isinstance(replayed, Rejected) and replayed.code == "replay"
+
+
+async def test_audit_down_after_the_hand_over_is_503_and_keeps_the_replay_key(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = trader.system
+    append = system.audit.append
+
+    async def success_entries_down(entry: AuditEntry) -> int:
+        if entry.action is AuditAction.WEBHOOK_ORDER and entry.success:
+            raise DatabaseUnavailable("postgres down")
+        return await append(entry)
+
+    body = trader.body()
+    with monkeypatch.context() as patch:
+        patch.setattr(system.audit, "append", success_entries_down)
+        outcome = await trader.send(body)
+    resent = await trader.send(body)
+
+    assert isinstance(outcome, Rejected) and outcome.status == 503
+    assert trader.position() == Decimal(1)  # the order was on its way: it stays one order
+    assert isinstance(resent, Rejected) and resent.code == "replay"
+    assert len(await system.orders.list_for_user(trader.user.id)) == 1
+
+
+async def test_the_success_entry_names_the_order(trader: Trader) -> None:
+    outcome = await trader.send(trader.body())
+
+    assert isinstance(outcome, Accepted)
+    (stored,) = trader.system.audit.all()
+    entry = stored.entry
+    assert entry.action is AuditAction.WEBHOOK_ORDER and entry.success
+    assert (entry.resource_type, entry.resource_id) == ("order", outcome.result.order_id)
+    assert entry.metadata["trading_account_id"] == trader.account.account.id
+    row = await trader.system.orders.get(outcome.result.order_id)
+    assert row is not None and row.fingerprint is not None
+    assert entry.metadata["simulation"] is False
+    assert entry.metadata["payload_hash"] == row.fingerprint
+
+
+async def test_dashboard_success_entry_names_the_order(trader: Trader) -> None:
+    system = trader.system
+    order = DashboardOrder(trader.account.account.id, "BTCUSDT", AlertAction.BUY, Decimal(1))
+
+    outcome = await system.dashboard.place(
+        trader.user, order, simulation=False, context=context(path="/trading/order")
+    )
+
+    assert isinstance(outcome, Accepted)
+    (stored,) = system.audit.all()
+    entry = stored.entry
+    assert entry.action is AuditAction.DASHBOARD_ORDER and entry.success
+    assert (entry.resource_type, entry.resource_id) == ("order", outcome.result.order_id)
+
+
+async def test_dashboard_ip_list_still_applies(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = trader.system
+    await system.allowed_ips.add(
+        AllowedIp("ip-1", trader.user.id, "203.0.113.7", system.clock.now())
+    )
+    order = DashboardOrder(trader.account.account.id, "BTCUSDT", AlertAction.BUY, Decimal(1))
+
+    outcome = await system.dashboard.place(
+        trader.user, order, simulation=False, context=context(ATTACKER_IP, "/trading/order")
+    )
+
+    assert isinstance(outcome, Rejected) and outcome.code == "ip_not_allowed"
