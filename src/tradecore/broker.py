@@ -91,11 +91,20 @@ class Broker(Protocol):
         quantity: Decimal,
         *,
         reduce_only: bool = False,
+        fresh: bool = False,
     ) -> BrokerOrder:
         """Submit a market order; idempotent by ``client_order_id``.
 
         A second call with a known ``client_order_id`` returns the existing order unchanged.
         A ``reduce_only`` order never increases the absolute position.
+
+        ``fresh`` is a hint: True is the caller's guarantee that no order was placed under
+        ``client_order_id`` before, by any process through any connection (only refusals
+        that recorded nothing, such as a rate limit, may have preceded this call). A broker
+        may then skip looking for an earlier placement it cannot see locally (the paper
+        broker skips reading its stored orders); it never changes the result, and a broker
+        that deduplicates on its side ignores it. A caller that cannot rule out an earlier
+        attempt (a recovered order, a retry after a disconnect) passes False.
         """
         ...
 

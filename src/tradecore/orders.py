@@ -226,7 +226,9 @@ class OrderRequest:
 
     ``order_id`` is the order-history row id and doubles as the broker's client order id, so
     executing the same request twice never places a second order. ``expires_at`` bounds how
-    late the worker may still execute it.
+    late the worker may still execute it. ``broker_name`` is the row's ``broker_name`` (the
+    broker the worker opens); with it the worker claims the row without reading it first.
+    None in payloads queued before the field existed: the worker then reads the row.
     """
 
     request_id: str
@@ -241,6 +243,7 @@ class OrderRequest:
     simulation: bool
     created_at: datetime
     expires_at: datetime
+    broker_name: str | None = None
 
     @property
     def instruction(self) -> Instruction:

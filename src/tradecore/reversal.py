@@ -13,9 +13,10 @@ the broker orders to send (specification, "Auto-reversal for entries"):
 
 ``execute`` sends a plan through the Broker port, one step at a time, each with the client
 order id ``client_order_id(order_id, step)``: re-executing the same plan after a crash returns
-the orders the broker already has instead of placing new ones. After a CLOSE it polls the
-close's fill REVERSAL_POLLS times, REVERSAL_POLL_INTERVAL_S apart; a close that has not filled
-by then aborts with ``reversal_timeout`` and the entry is never placed.
+the orders the broker already has instead of placing new ones (``fresh`` passes the caller's
+guarantee that no step of the plan was placed before, see ``Broker.place_order``). After a
+CLOSE it polls the close's fill REVERSAL_POLLS times, REVERSAL_POLL_INTERVAL_S apart; a close
+that has not filled by then aborts with ``reversal_timeout`` and the entry is never placed.
 """
 
 from __future__ import annotations
@@ -242,14 +243,23 @@ REVERSAL_TIMEOUT_MESSAGE = (
 
 
 async def execute(
-    broker: Broker, sleeper: Sleeper, order_id: str, symbol: str, plan: ExecutionPlan
+    broker: Broker,
+    sleeper: Sleeper,
+    order_id: str,
+    symbol: str,
+    plan: ExecutionPlan,
+    *,
+    fresh: bool = False,
 ) -> ExecutionOutcome:
     """Carry out ``plan`` through ``broker`` (see the module doc).
 
     Rejections are results. ``BrokerDisconnected`` propagates: re-executing the same plan with
-    the same ``order_id`` is safe, the broker returns the orders it already recorded.
+    the same ``order_id`` is safe, the broker returns the orders it already recorded - but
+    only with ``fresh`` False: ``fresh`` True is the caller's guarantee that no order of
+    ``order_id`` was ever placed before this call (``Broker.place_order``), which a
+    re-execution after a disconnect cannot give.
     """
-    return await _Execution(broker, sleeper, order_id, symbol, plan).run()
+    return await _Execution(broker, sleeper, order_id, symbol, plan, fresh).run()
 
 
 @attrs.define
@@ -259,6 +269,7 @@ class _Execution:
     order_id: str
     symbol: str
     plan: ExecutionPlan
+    fresh: bool = False
     state: ExecutorState = ExecutorState.READY
     refs: list[str] = attrs.field(factory=list)
     close: BrokerOrder | None = None
@@ -329,8 +340,14 @@ class _Execution:
         cid = client_order_id(self.order_id, step)
         retries = 0
         while True:
+            # A rate-limited refusal recorded nothing, so a retry is still fresh.
             order = await self.broker.place_order(
-                cid, self.symbol, step.side, step.quantity, reduce_only=step.reduce_only
+                cid,
+                self.symbol,
+                step.side,
+                step.quantity,
+                reduce_only=step.reduce_only,
+                fresh=self.fresh,
             )
             wait = _rate_limit_wait(order)
             if wait is None:

@@ -65,6 +65,7 @@ order_requests = st.builds(
     simulation=st.booleans(),
     created_at=moments,
     expires_at=moments,
+    broker_name=st.none() | texts,
 )
 order_errors = st.builds(
     OrderError,
@@ -100,6 +101,16 @@ def test_an_order_request_survives_the_codec_exactly(request: OrderRequest) -> N
     assert str(decoded.quantity) == str(request.quantity)  # 1.50 stays 1.50
     assert decoded.created_at.tzinfo is UTC
     assert codec.encode_request(decoded) == raw  # the queue finds an entry by its text
+
+
+def test_a_request_queued_before_broker_name_decodes_and_re_encodes_to_its_text() -> None:
+    raw = codec.encode_request(order_request("r1"))
+    assert "broker_name" not in raw  # None is left out
+    decoded = codec.decode_request(raw)
+    assert decoded.broker_name is None
+    assert codec.encode_request(decoded) == raw
+    named = attrs.evolve(decoded, broker_name="paper")
+    assert codec.decode_request(codec.encode_request(named)) == named
 
 
 @given(order_results)
@@ -383,6 +394,32 @@ async def test_a_stale_in_flight_entry_is_recovered_after_a_crash(
     await second.complete(stranded[0], order_result(stranded[0]))
     assert await second.in_flight("u1") == []
     await second.aclose()
+
+
+@pytest.mark.redis
+async def test_complete_is_one_script_that_also_clears_an_entry_queued_before_broker_name(
+    redis_connections: RedisConnections,
+) -> None:
+    """An in-flight payload written before ``broker_name`` existed is found by its text, and
+    the script survives a server that forgot it (a restart, SCRIPT FLUSH)."""
+    client = redis_connections.commands
+    queue = RedisOrderQueue(redis_connections)
+    old = order_request("r1")
+    legacy = codec.encode_request(old)
+    assert "broker_name" not in legacy
+    await client.rpush("trading:user:u1:processing", legacy)
+    await client.rpush("trading:response:r1", "stale reply")
+    await client.script_flush()
+
+    (stranded,) = await queue.in_flight("u1")
+    await queue.complete(stranded, order_result(stranded))
+
+    assert await queue.in_flight("u1") == []
+    assert await client.lrange("trading:response:r1", 0, -1) == [
+        codec.encode_result(order_result(old))
+    ]
+    assert 0 < await client.pttl("trading:response:r1") <= 60_000
+    await queue.aclose()
 
 
 # --- Wake-ups --------------------------------------------------------------------------------

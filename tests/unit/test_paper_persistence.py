@@ -185,3 +185,33 @@ async def test_a_failed_save_is_made_good_by_the_next_call() -> None:
     assert await store.load(f"paper:live:{ACCOUNT}:order:ord-7-entry") is not None
     book = await store.load(f"paper:live:{ACCOUNT}")
     assert book is not None and book["holdings"]["BTCUSDT"]["quantity"] == "1"
+
+
+class LoadCountingStore(MemoryDocumentStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[str] = []
+
+    async def load(self, name: str) -> dict[str, Any] | None:
+        self.loaded.append(name)
+        return await super().load(name)
+
+
+async def test_a_fresh_placement_skips_the_look_up_and_a_repeat_still_finds_the_order() -> None:
+    store, clock = LoadCountingStore(), FakeClock()
+    _, first = host(store, clock)
+    broker = first.open(ACCOUNT, "paper", simulation=False)
+    await broker.connect()
+    store.loaded.clear()
+
+    placed = await broker.place_order("ord-8-entry", "BTCUSDT", Side.BUY, Decimal(1), fresh=True)
+    assert store.loaded == []  # the caller vouched that nothing was placed before
+
+    _, second = host(store, clock)  # restarted: the next attempt is not fresh
+    again = second.open(ACCOUNT, "paper", simulation=False)
+    await again.connect()
+    repeated = await again.place_order("ord-8-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    assert repeated == placed
+    assert f"paper:live:{ACCOUNT}:order:ord-8-entry" in store.loaded
+    assert await again.positions() == {"BTCUSDT": Decimal(1)}

@@ -5,7 +5,9 @@
    atomic step, so the check and the push cannot be split by a worker retiring). Without the
    mark, put a start request on worker-control, wait for the mark (503 after the start
    timeout), and push again.
-3. Wait, bounded, for the reply: 200 with the OrderResult, or 202 with the order id.
+3. Wait, bounded, for the reply: 200 with the OrderResult, or 202 with the order id. The
+   caller's ``on_committed`` step (its success audit entry) runs during this wait, since once
+   the order is handed over the outcome can only be one of those two.
 
 Nothing is acknowledged without the durable intent (invariant I1). If the order cannot be
 handed over, the API cancels the intent with a compare-and-set; if the worker claimed it first,
@@ -14,7 +16,9 @@ the order is on its way and the caller gets 202 instead of a 5xx, so a retry nev
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -65,6 +69,20 @@ class Dispatched:
     order_id: str | None = None
 
 
+_NO_WORKER = Rejected(503, "worker_start_timeout", "Trading worker did not start in time")
+
+
+async def _alongside(reply: Awaitable[Dispatched], side: Awaitable[object]) -> Dispatched:
+    """Await both concurrently and return the reply once both are done; the side's exception
+    first, then the reply's, is raised after both are done."""
+    got, side_done = await asyncio.gather(reply, side, return_exceptions=True)
+    if isinstance(side_done, BaseException):
+        raise side_done
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
 class Duplicate(Exception):
     """The order history already holds this fingerprint: the request is a replay."""
 
@@ -86,8 +104,23 @@ class OrderDispatcher:
         self._random = random
         self._settings = settings
 
-    async def dispatch(self, intent: OrderIntent, *, now: datetime, wait_s: float) -> Dispatched:
-        """Run the three steps. Raises ``Duplicate`` when the store refuses the fingerprint."""
+    async def dispatch(
+        self,
+        intent: OrderIntent,
+        *,
+        now: datetime,
+        wait_s: float,
+        on_committed: Callable[[str], Awaitable[object]] | None = None,
+    ) -> Dispatched:
+        """Run the three steps. Raises ``Duplicate`` when the store refuses the fingerprint.
+
+        ``on_committed`` is awaited with the order id exactly when the outcome is a success
+        (``Accepted`` or ``Queued``: the intent is durable and the order on its way), once,
+        before this returns; never for a ``Rejected`` outcome. Once the order is handed over
+        it runs concurrently with the wait for the worker's reply, and this returns when both
+        are done. Its exception is raised here after the wait (the order is on its way all
+        the same); an unexpected exception of the wait is raised after it has finished.
+        """
         unavailable = Rejected(503, "unavailable", "Service temporarily unavailable")
         order_id = self._random.new_id()
         request_id = self._random.new_id()
@@ -127,17 +160,28 @@ class OrderDispatcher:
             simulation=intent.simulation,
             created_at=now,
             expires_at=now + timedelta(seconds=self._settings.max_queue_age_s),
+            broker_name=record.broker_name,
         )
+        refusal: Rejected | None
         try:
             pushed = await self._hand_over(request)
         except StoreUnavailable:
-            return await self._withdraw(order_id, request_id, unavailable)
-        if not pushed:
-            no_worker = Rejected(
-                503, "worker_start_timeout", "Trading worker did not start in time"
-            )
-            return await self._withdraw(order_id, request_id, no_worker)
+            refusal = unavailable
+        else:
+            refusal = None if pushed else _NO_WORKER
+        if refusal is not None:
+            withdrawn = await self._withdraw(order_id, request_id, refusal)
+            if on_committed is not None and not isinstance(withdrawn.outcome, Rejected):
+                await on_committed(order_id)
+            return withdrawn
 
+        reply = self._reply(order_id, request_id, wait_s)
+        if on_committed is None:
+            return await reply
+        return await _alongside(reply, on_committed(order_id))
+
+    async def _reply(self, order_id: str, request_id: str, wait_s: float) -> Dispatched:
+        """Step 3: the handed-over order's outcome, Accepted or Queued."""
         try:
             result = await self._queue.wait_result(request_id, wait_s)
         except StoreUnavailable:

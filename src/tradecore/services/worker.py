@@ -6,11 +6,17 @@ Execution of a request is crash-safe and idempotent:
    marked ``expired`` and never sent late.
 2. The worker reads the position, and claims the row with a compare-and-set
    ``queued -> submitted`` that records ``position_before``. If the API withdrew the intent
-   first, nothing is sent.
+   first, nothing is sent. A request that names its broker (``OrderRequest.broker_name``)
+   is claimed without reading the row first; when that compare-and-set finds the row no
+   longer ``queued`` (a duplicate delivery, a recovered or settled row, no row at all), the
+   worker reads the row and goes on from its status as below.
 3. The broker steps are ``reversal.plan(position_before, ...)``, each sent with the client
    order id ``reversal.client_order_id(order_id, step)``. A row found ``submitted`` (the
    previous worker died mid-order) is re-planned from its recorded position and re-executed:
-   the broker returns the orders it already has instead of placing them again.
+   the broker returns the orders it already has instead of placing them again. Only when this
+   call won the claim (promptly: ``FRESH_CLAIM_S``), on its first attempt, are the steps sent
+   as ``fresh``: the broker may skip looking for earlier placements, since placing only
+   follows a claim and one claim wins.
 4. The outcome is written with ``submitted -> <status>``, and a fill check is scheduled on
    order-tasks 2-3 s later whenever a broker order was placed.
 
@@ -23,8 +29,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from decimal import Decimal
 from typing import TypeVar
+
+import attrs
 
 from tradecore import reversal
 from tradecore.broker import Broker, BrokerFactory, BrokerOrder
@@ -47,6 +56,10 @@ log = logging.getLogger(__name__)
 
 BROKER_RECONNECT_RETRIES = 3
 RECONNECT_BACKOFF_S = 0.2
+FRESH_CLAIM_S = 1.0
+"""A claim won within this long of the start of ``execute`` is fresh (a healthy one takes a
+millisecond). A slower one (a stall, a partition) may have outlived the worker's lease while a
+successor recovered the row and placed its orders, so its steps are sent as not fresh."""
 
 T = TypeVar("T")
 
@@ -55,6 +68,19 @@ def fill_check_jitter(order_id: str) -> float:
     """A number in [0, 1) derived from the order id, spreading first checks over 2-3 s."""
     digest = hashlib.sha256(order_id.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@attrs.frozen
+class _Route:
+    """The broker connection an order goes through."""
+
+    trading_account_id: str
+    broker_name: str
+    simulation: bool
+
+    @classmethod
+    def of(cls, row: OrderHistoryRecord) -> _Route:
+        return cls(row.trading_account_id, row.broker_name, row.simulation)
 
 
 class UserWorker:
@@ -80,63 +106,89 @@ class UserWorker:
 
     async def execute(self, request: OrderRequest) -> OrderResult:
         """Carry out ``request`` exactly once and return its result (see the module doc)."""
+        started = self._clock.now()
+        if request.broker_name is not None:
+            route = _Route(request.trading_account_id, request.broker_name, request.simulation)
+            claimed = await self._claim(request, route, request.symbol)
+            if claimed is not None:
+                return await self._proceed(claimed, started)
+            # Not queued: a duplicate delivery, a recovered or settled row, or no row.
         row = await self._orders.get(request.order_id)
         if row is None:
             log.error("order %s has no order-history row; not executed", request.order_id)
             return _orphan_result(request)
         if row.status is OrderStatus.QUEUED:
-            claimed = await self._claim(request, row)
+            claimed = await self._claim(request, _Route.of(row), row.symbol)
             if claimed is None:
                 return await self._current(row)
-            row = claimed
-        elif row.status is not OrderStatus.SUBMITTED:
-            return row.to_result()  # already settled: a duplicate delivery
+            return await self._proceed(claimed, started)
         if row.status is not OrderStatus.SUBMITTED:
-            return row.to_result()  # expired while queued
-        return await self._run(row)
+            return row.to_result()  # already settled: a duplicate delivery
+        return await self._run(row, fresh=False)  # recovered: earlier placements may exist
 
     async def check_order_status(self, row: OrderHistoryRecord) -> BrokerOrder | None:
         """The broker's current view of the row's main order (fill verification)."""
         client_order_id = row.client_order_id
         if client_order_id is None:
             return None
-        return await self._call(row, lambda broker: broker.order_status(client_order_id))
+        return await self._call(_Route.of(row), lambda broker: broker.order_status(client_order_id))
+
+    async def _proceed(self, claimed: OrderHistoryRecord, started: datetime) -> OrderResult:
+        """Go on with a row this call, begun at ``started``, moved out of ``queued``."""
+        if claimed.status is not OrderStatus.SUBMITTED:
+            return claimed.to_result()  # expired while queued, or the broker was unreachable
+        fresh = (self._clock.now() - started).total_seconds() < FRESH_CLAIM_S
+        return await self._run(claimed, fresh=fresh)
 
     async def _claim(
-        self, request: OrderRequest, row: OrderHistoryRecord
+        self, request: OrderRequest, route: _Route, symbol: str
     ) -> OrderHistoryRecord | None:
+        """Move the row out of ``queued`` (compare-and-set): to ``expired`` past
+        ``request.expires_at``, ``failed`` when the broker is unreachable, else ``submitted``
+        with ``position_before``. None when the row is not ``queued`` (or missing)."""
+        order_id = request.order_id
         now = self._clock.now()
         if now >= request.expires_at:
             expired = OrderError(RejectionCode.ORDER_EXPIRED, "Order expired before execution")
             return await self._orders.transition(
-                row.id, {OrderStatus.QUEUED}, {"status": OrderStatus.EXPIRED, "error": expired}
+                order_id, {OrderStatus.QUEUED}, {"status": OrderStatus.EXPIRED, "error": expired}
             )
         try:
-            positions = await self._call(row, lambda broker: broker.positions())
+            positions = await self._call(route, lambda broker: broker.positions())
         except BrokerDisconnected:
             return await self._orders.transition(
-                row.id,
+                order_id,
                 {OrderStatus.QUEUED},
                 {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
             )
         return await self._orders.transition(
-            row.id,
+            order_id,
             {OrderStatus.QUEUED},
             {
                 "status": OrderStatus.SUBMITTED,
                 "submitted_at": now,
-                "position_before": positions.get(row.symbol, Decimal(0)),
+                "position_before": positions.get(symbol, Decimal(0)),
             },
         )
 
-    async def _run(self, row: OrderHistoryRecord) -> OrderResult:
+    async def _run(self, row: OrderHistoryRecord, *, fresh: bool) -> OrderResult:
+        """Execute the submitted ``row``. ``fresh``: this call won the row's claim, so no
+        broker order of it can exist yet; only the first attempt sends its steps as fresh
+        (one cut off by a disconnect may have reached the broker)."""
         position = row.position_before if row.position_before is not None else Decimal(0)
         plan = reversal.plan(position, to_instruction(row.action, row.order_type), row.quantity)
-        try:
-            outcome = await self._call(
-                row,
-                lambda broker: reversal.execute(broker, self._sleeper, row.id, row.symbol, plan),
+        attempts = 0
+
+        async def execute_plan(broker: Broker) -> reversal.ExecutionOutcome:
+            nonlocal attempts
+            attempts += 1
+            first = attempts == 1
+            return await reversal.execute(
+                broker, self._sleeper, row.id, row.symbol, plan, fresh=fresh and first
             )
+
+        try:
+            outcome = await self._call(_Route.of(row), execute_plan)
         except BrokerDisconnected:
             failed = await self._orders.transition(
                 row.id,
@@ -180,14 +232,14 @@ class UserWorker:
         latest = await self._orders.get(row.id)
         return (latest or row).to_result()
 
-    async def _call(self, row: OrderHistoryRecord, call: Callable[[Broker], Awaitable[T]]) -> T:
-        """Run ``call`` on the row's broker connection, opening it first if needed and
+    async def _call(self, route: _Route, call: Callable[[Broker], Awaitable[T]]) -> T:
+        """Run ``call`` on the route's broker connection, opening it first if needed and
         re-opening it after a disconnect, up to BROKER_RECONNECT_RETRIES times."""
-        key = (row.trading_account_id, row.simulation)
+        key = (route.trading_account_id, route.simulation)
         broker = self._brokers_open.get(key)
         if broker is None:
             broker = self._brokers.open(
-                row.trading_account_id, row.broker_name, simulation=row.simulation
+                route.trading_account_id, route.broker_name, simulation=route.simulation
             )
             self._brokers_open[key] = broker
         for attempt in range(BROKER_RECONNECT_RETRIES + 1):

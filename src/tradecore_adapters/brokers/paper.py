@@ -369,6 +369,7 @@ class PaperBroker:
         quantity: Decimal,
         *,
         reduce_only: bool = False,
+        fresh: bool = False,  # nothing to skip: the exchange in memory holds every order
     ) -> BrokerOrder:
         await self._arrive()
         return self.exchange.place(

@@ -3,11 +3,13 @@
 Each account's book (cash, holdings, open orders) is a document ``paper:{book}:{account}``,
 and each order a document ``paper:{book}:{account}:order:{client order id}``. A connection
 loads the book on ``connect``; an order the process has not seen is looked up before it is
-placed again, so a client order id stays idempotent across restarts and hosts. Every call that
-changes state saves what it changed (the order and the book, in one atomic write) before it
-returns; a call that changes nothing (an order placed again, the status of a settled order)
-writes nothing. A save that failed is retried by the next call, changed or not, so the store
-catches up with what this process holds.
+placed again, so a client order id stays idempotent across restarts and hosts. A placement
+the caller declares ``fresh`` (never placed before anywhere, see ``Broker.place_order``) skips
+that look-up: there is nothing stored to find. Every call that changes state saves what it
+changed (the order and the book, in one atomic write) before it returns; a call that changes
+nothing (an order placed again, the status of a settled order) writes nothing. A save that
+failed is retried by the next call, changed or not, so the store catches up with what this
+process holds.
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ class PersistentPaperBroker:
         quantity: Decimal,
         *,
         reduce_only: bool = False,
+        fresh: bool = False,
     ) -> BrokerOrder:
-        await self._recall(client_order_id)
+        if not fresh:
+            await self._recall(client_order_id)
         known = self._exchange.knows_order(self._account_id, client_order_id)
         order = await self._inner.place_order(
             client_order_id, symbol, side, quantity, reduce_only=reduce_only

@@ -4,6 +4,9 @@ Decimals travel as strings (``str(Decimal)``, so ``1.50`` stays ``1.50``), datet
 8601 in UTC, enums as their values. Decoding an encoding gives an equal value, and encoding is
 deterministic, so re-encoding a decoded value gives the same text: the queue finds a stored
 entry again by its text. A naive datetime cannot be encoded (ValueError).
+
+An OrderRequest's ``broker_name`` is left out while it is None, so a payload queued before
+the field existed decodes (to None) and re-encodes to its original text.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import FillTask
@@ -46,6 +50,10 @@ _converter.register_unstructure_hook(Decimal, str)
 _converter.register_structure_hook(Decimal, _structure_decimal)
 _converter.register_unstructure_hook(datetime, _unstructure_datetime)
 _converter.register_structure_hook(datetime, _structure_datetime)
+_converter.register_unstructure_hook(
+    OrderRequest,
+    make_dict_unstructure_fn(OrderRequest, _converter, broker_name=override(omit_if_default=True)),
+)
 
 
 def _encode(value: object) -> str:

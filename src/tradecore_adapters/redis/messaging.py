@@ -81,6 +81,16 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
+# KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload.
+# Replace the reply (a list of one), set its TTL, and drop the request from the in-flight list.
+_COMPLETE = """
+redis.call('DEL', KEYS[1])
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('LREM', KEYS[2], 1, ARGV[3])
+return 1
+"""
+
 # A lease is the mark's value "{holder}:{token}"; the token is the digits after the last colon
 # (a holder name may contain colons). Each script reads the current lease with this prelude;
 # a mark that is not a lease (no token) is nobody's to change, and nobody's to take.
@@ -184,8 +194,8 @@ class RedisOrderQueue:
     ``push`` appends only while the user's mark exists, in one script; ``take`` moves the
     oldest request to the in-flight list (LMOVE) and waits for a push through ``Wakeups``
     without holding a connection; ``complete`` replaces the reply, sets its TTL and drops the
-    request from the in-flight list in one MULTI; ``wait_result`` is a blocking pop bounded
-    by its timeout. Raises KeyValueStoreUnavailable.
+    request from the in-flight list in one script (one round trip, atomic); ``wait_result``
+    is a blocking pop bounded by its timeout. Raises KeyValueStoreUnavailable.
     """
 
     def __init__(self, connections: RedisConnections, wakeups: Wakeups | None = None) -> None:
@@ -194,6 +204,7 @@ class RedisOrderQueue:
         self._grace_s = connections.grace_s
         self._wakeups = wakeups or Wakeups(connections.commands, PUSHED_CHANNEL)
         self._push = self._client.register_script(_PUSH)
+        self._complete = self._client.register_script(_COMPLETE)
 
     async def aclose(self) -> None:
         """Stop listening for pushes (the clients stay open: their owner closes them)."""
@@ -246,14 +257,11 @@ class RedisOrderQueue:
             self._wakeups.unwatch(user_id, event)
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
-        reply = response_key(request.request_id)
         with unavailable_on_failure("complete"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.delete(reply)
-                pipe.rpush(reply, encode_result(result))
-                pipe.pexpire(reply, round(REPLY_TTL_S * 1000))
-                pipe.lrem(processing_key(request.user_id), 1, encode_request(request))
-                await pipe.execute()
+            await self._complete(
+                keys=[response_key(request.request_id), processing_key(request.user_id)],
+                args=[encode_result(result), _ms(REPLY_TTL_S), encode_request(request)],
+            )
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
         with unavailable_on_failure("in-flight list"):
