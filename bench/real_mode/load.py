@@ -30,8 +30,6 @@ from typing import Any
 import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
 
-from tradecore_entrypoints.loop import run_fast
-
 SYMBOL = "BTCUSDT"
 SPIN_S = 0.0015
 TIMEOUT_S = 10.0
@@ -338,11 +336,13 @@ def main() -> None:
     accounts = accounts_from(document["accounts"][: args.users])
     pids: dict[str, int] = document["pids"]
     if args.mode == "open":
-        result = run_fast(open_loop(accounts, args.value, args.warmup, args.duration, pids))
+        result = asyncio.run(open_loop(accounts, args.value, args.warmup, args.duration, pids))
     elif args.mode == "closed":
-        result = run_fast(closed_loop(accounts, int(args.value), args.warmup, args.duration, pids))
+        result = asyncio.run(
+            closed_loop(accounts, int(args.value), args.warmup, args.duration, pids)
+        )
     else:
-        result = run_fast(prime(accounts, int(args.value)))
+        result = asyncio.run(prime(accounts, int(args.value)))
     print(json.dumps(result, indent=2))
 
 

@@ -25,6 +25,7 @@ Results: ``bench/real_mode/results/run<N>-<time>.json`` and a summary on stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -36,8 +37,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-from tradecore_entrypoints.loop import run_fast
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -75,11 +74,11 @@ def phase_latency(args: argparse.Namespace, stack: Stack, accounts: list[load.Ac
     steps = []
     for index, rate in enumerate([*args.lower_rates, args.rate]):
         users = accounts[index * args.latency_users : (index + 1) * args.latency_users]
-        primed = run_fast(load.prime(users, 16))
+        primed = asyncio.run(load.prime(users, 16))
         busy = quiet(
             args, f"latency at {rate:g}/s ({len(users)} users, primed {primed['outcomes']})"
         )
-        step = run_fast(load.open_loop(users, rate, args.warmup, args.duration, pids(stack)))
+        step = asyncio.run(load.open_loop(users, rate, args.warmup, args.duration, pids(stack)))
         step["busy_before_percent"] = busy
         step["primed"] = primed
         steps.append(step)
@@ -98,12 +97,12 @@ def latency_slices(args: argparse.Namespace) -> int:
 def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load.Account]) -> Any:
     start = latency_slices(args)
     users = accounts[start : start + args.throughput_users]
-    primed = run_fast(load.prime(users, 32))
+    primed = asyncio.run(load.prime(users, 32))
     log(f"throughput: primed {len(users)} users {primed['outcomes']}")
     steps = []
     for concurrency in args.concurrency:
         busy = quiet(args, f"closed loop c={concurrency}")
-        step = run_fast(
+        step = asyncio.run(
             load.closed_loop(users, concurrency, args.step_warmup, args.step_duration, pids(stack))
         )
         step["busy_before_percent"] = busy
@@ -116,7 +115,7 @@ def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load
     clean = [s for s in steps if s["errors"] == 0]
     knee = max(clean, key=lambda s: s["achieved_rate_per_s"]) if clean else None
     busy = quiet(args, f"sustained open loop {args.sustain_rate}/s")
-    sustained = run_fast(
+    sustained = asyncio.run(
         load.open_loop(users, args.sustain_rate, args.warmup, args.duration, pids(stack))
     )
     sustained["busy_before_percent"] = busy
@@ -137,9 +136,9 @@ def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load
 
 def phase_cold(args: argparse.Namespace, stack: Stack, cold: list[load.Account]) -> Any:
     quiet(args, "cold")
-    lease = run_fast(load.lease_acquisition(REDIS_URL, args.cold))
+    lease = asyncio.run(load.lease_acquisition(REDIS_URL, args.cold))
     log(f"lease acquisition: {lease['latency_ms']} missed {lease['not_active_within_5s']}")
-    first = run_fast(load.cold_orders(cold))
+    first = asyncio.run(load.cold_orders(cold))
     log(f"cold first order: {first['latency_ms']} {first['outcomes']}")
     return {"lease_acquisition": lease, "first_order": first}
 
@@ -150,10 +149,10 @@ def phase_memory(args: argparse.Namespace, stack: Stack, accounts: list[load.Acc
     baseline = proc_status(worker.pid)
     users = accounts[: args.memory_users]
     started = time.monotonic()
-    primed = run_fast(load.prime(users, 32))
+    primed = asyncio.run(load.prime(users, 32))
     seconds = time.monotonic() - started
     log(f"memory: {len(users)} first orders in {seconds:.1f} s {primed['outcomes']}")
-    active = run_fast(count_active(users))
+    active = asyncio.run(count_active(users))
     time.sleep(args.idle)
     cpu_before, t0 = cpu_seconds(worker.pid), time.monotonic()
     time.sleep(10.0)
@@ -208,7 +207,7 @@ def one_run(args: argparse.Namespace, number: int) -> dict[str, Any]:
         started = time.monotonic()
         stack.create()
         total = max(args.memory_users, latency_slices(args) + args.throughput_users)
-        documents = run_fast(stack.provision(total + args.cold))
+        documents = asyncio.run(stack.provision(total + args.cold))
         log(f"provisioned {len(documents)} users in {time.monotonic() - started:.1f} s")
         accounts = load.accounts_from(documents[:total])
         cold = load.accounts_from(documents[total:])
