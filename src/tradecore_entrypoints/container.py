@@ -38,7 +38,7 @@ from tradecore.services.account_security import AccountSecurity, AccountSettings
 from tradecore.services.auth import Authenticator, AuthSettings
 from tradecore.services.settings import OrderSettings
 from tradecore.services.trading_accounts import TradingAccounts
-from tradecore.services.worker_host import HostSettings
+from tradecore.services.worker_host import DEFAULT_MARK_TTL_S, HostSettings
 from tradecore_adapters.brokers.paper import PaperConditions, PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
@@ -110,6 +110,19 @@ def _non_negative(env: Mapping[str, str], name: str) -> float:
     if not 0 <= value < float("inf"):
         raise ConfigError(f"{name} must be zero or positive, got {raw!r}")
     return value
+
+
+MIN_MARK_TTL_S = 3.0
+"""The shortest lease WORKER_MARK_TTL_S may set: the heartbeat renews every sixth of it, and
+a renewal must come back well within that."""
+
+
+def _mark_ttl(env: Mapping[str, str]) -> float:
+    """WORKER_MARK_TTL_S: the worker lease's time to live, in seconds (at least 3)."""
+    ttl_s = _number(env, "WORKER_MARK_TTL_S", DEFAULT_MARK_TTL_S)
+    if ttl_s < MIN_MARK_TTL_S:
+        raise ConfigError(f"WORKER_MARK_TTL_S must be at least {MIN_MARK_TTL_S:g} s, got {ttl_s:g}")
+    return ttl_s
 
 
 def _origin(text: str) -> str:
@@ -196,6 +209,7 @@ class Settings:
     webhook_wait_s: float = 2.5
     worker_start_timeout_s: float = 60.0
     worker_idle_timeout_s: float = 43_200.0
+    worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S
     rate_limit_per_minute: int = 60
     plan_caps: str = "free=100,pro=1000"
     terms_version: str = "1"
@@ -282,6 +296,7 @@ class Settings:
             webhook_wait_s=_number(env, "WEBHOOK_RESPONSE_WAIT_S", 2.5),
             worker_start_timeout_s=_number(env, "WORKER_START_TIMEOUT_S", 60.0),
             worker_idle_timeout_s=_number(env, "WORKER_IDLE_TIMEOUT_S", 43_200.0),
+            worker_mark_ttl_s=_mark_ttl(env),
             rate_limit_per_minute=int(_number(env, "RATE_LIMIT_PER_MINUTE", 60, integer=True)),
             plan_caps=caps,
             terms_version=terms,
@@ -307,12 +322,18 @@ class Settings:
         )
 
     def host_settings(self) -> HostSettings:
-        return HostSettings(idle_timeout_s=self.worker_idle_timeout_s)
+        return HostSettings(
+            idle_timeout_s=self.worker_idle_timeout_s, mark_ttl_s=self.worker_mark_ttl_s
+        )
 
     def worker_host_settings(self) -> HostSettings:
         """A worker process's host: a push wakes an idle worker at once, so its blocking
         take only needs to look at the clock now and then."""
-        return HostSettings(idle_timeout_s=self.worker_idle_timeout_s, poll_s=WORKER_POLL_S)
+        return HostSettings(
+            idle_timeout_s=self.worker_idle_timeout_s,
+            mark_ttl_s=self.worker_mark_ttl_s,
+            poll_s=WORKER_POLL_S,
+        )
 
     def paper_conditions(self) -> PaperConditions:
         return PaperConditions(

@@ -2,12 +2,14 @@
 
 What a user depends on: while a store is down, an order path answers 503 and acknowledges
 nothing (no order is executed behind a 5xx), login answers 503 rather than a wrong 401, and
-once the store is back the same requests succeed without restarting anything.
+once the store is back the same requests succeed without restarting anything; an order a
+worker was executing when Postgres went away is completed, once, when it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 
 import pytest
 from harness import PASSWORD, Reply, Stack, eventually, webhook_body
@@ -17,6 +19,7 @@ from tradecore_adapters.redis import RedisRateLimiter, connect
 pytestmark = pytest.mark.faults
 
 PROBLEM = "application/problem+json"
+OUTAGE_WARNING = "retrying until the store is back"
 
 
 def unavailable(reply: Reply) -> bool:
@@ -113,3 +116,36 @@ async def test_postgres_stopped_gives_503_on_order_paths_and_login_and_recovers(
     orders = await account_orders(stack, account.trading_account_id)
     assert sorted(orders.values()) == ["filled", "filled"], orders
     assert len(await stack.db.broker_orders(account.trading_account_id)) == 2
+
+
+async def test_postgres_stopped_mid_order_is_waited_out_by_the_worker_which_completes_it_once(
+    stack: Stack,
+) -> None:
+    """The worker meets the outage while it executes the order (its broker call takes 1.5 s,
+    then the broker's book must be saved): it keeps the request, retries it in place, and the
+    order fills once Postgres is back - not after the host's sweep restarted a dead worker."""
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(PAPER_BROKER_LATENCY_MS="1500"), stack.new_account()
+    )
+    reply = await api.webhook(account, webhook_body(account, quantity="0.1"))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+    await stack.order_reaches(order_id, "submitted")
+
+    await asyncio.to_thread(stack.proxy.stop)
+
+    async def interrupted() -> bool:
+        return OUTAGE_WARNING in worker.output()
+
+    await eventually(interrupted, "the worker to meet the outage", diagnose=stack.logs)
+    await asyncio.sleep(3.0)  # down across several retries
+    assert await stack.db.order_status(order_id) == "submitted"
+    await asyncio.to_thread(stack.proxy.start)
+
+    await stack.order_reaches(order_id, "filled")
+    output = worker.output()
+    assert output.count(OUTAGE_WARNING) == 1, output  # one warning for the outage
+    assert "stopped on an error" not in output, output  # its task never died
+    assert "has requests but no worker" not in output, output  # so no sweep restarted it
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 1
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == Decimal("0.1")

@@ -22,6 +22,12 @@ Execution of a request is crash-safe and idempotent:
 
 A dropped broker connection is re-opened up to 3 times (specification: "automatic reconnect,
 up to 3 retries") before the order fails with ``broker_unavailable``.
+
+A store that cannot be reached (the order history, or the books a broker keeps in it) makes
+``execute`` raise ``StoreUnavailable`` and returns no result; calling it again with the same
+request is safe (the worker host does, after a backoff). A row the interrupted call had claimed
+is found ``submitted`` and reconciled as in 3 (its steps are not fresh); a row still ``queued``
+is claimed by the new call, which sends its steps as fresh only if it wins that claim.
 """
 
 from __future__ import annotations
@@ -105,7 +111,9 @@ class UserWorker:
         self._connected: set[tuple[str, bool]] = set()
 
     async def execute(self, request: OrderRequest) -> OrderResult:
-        """Carry out ``request`` exactly once and return its result (see the module doc)."""
+        """Carry out ``request`` exactly once and return its result (see the module doc).
+        Raises ``StoreUnavailable`` when a store could not be reached; the same request may
+        then be executed again."""
         started = self._clock.now()
         if request.broker_name is not None:
             route = _Route(request.trading_account_id, request.broker_name, request.simulation)

@@ -29,6 +29,18 @@ second one. The fencing token therefore does not guard writes; it names the leas
 log lines and makes sure a stale worker can neither renew, release nor retire its
 successor's lease.
 
+A store outage (``StoreUnavailable``: the database, or the key-value store) while a request
+is executed or completed is survived in place: the request stays in flight, never completed
+with a wrong result, and after a backoff (``OUTAGE_BACKOFF_S`` doubling up to
+``OUTAGE_BACKOFF_MAX_S``) the worker executes the same request again - safe for the reasons
+above; a retry sends its broker orders as ``fresh`` only when that attempt itself won the
+claim - or, once it has the result, only publishes it again. An order that waited past its
+``expires_at`` meanwhile is expired, unless it was claimed before: that one is reconciled. The
+worker makes no renewal of its own while it retries: its lease lives as long as the host's
+heartbeat keeps it. Before each retry it stops, leaving the request in flight for the next
+holder, when the heartbeat found the lease lost or has not renewed it for a whole time to
+live. One warning is logged when an outage begins for a request, none per retry.
+
 Fill checks for a user go through this host's worker object for the user, serialized with
 its orders.
 """
@@ -45,7 +57,8 @@ from datetime import datetime, timedelta
 import attrs
 
 from tradecore.broker import BrokerOrder
-from tradecore.orders import OrderHistoryRecord, OrderRequest
+from tradecore.errors import StoreUnavailable
+from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore.services.worker import UserWorker
@@ -53,7 +66,12 @@ from tradecore.services.worker import UserWorker
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 12 * 3600.0
+DEFAULT_MARK_TTL_S = 30.0
 RESTART_DELAY_S = 1.0
+OUTAGE_BACKOFF_S = 0.1
+OUTAGE_BACKOFF_MAX_S = 2.0
+"""The wait before the first retry of a request a store outage interrupted, and the cap of
+its doubling."""
 
 
 @attrs.frozen
@@ -66,7 +84,7 @@ class HostSettings:
     waits for the user's next order."""
 
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    mark_ttl_s: float = 30.0
+    mark_ttl_s: float = DEFAULT_MARK_TTL_S
     poll_s: float = 1.0
     sweep_s: float = 5.0
 
@@ -275,7 +293,9 @@ class WorkerHost:
                 else:
                     request = await self._queue.take(user_id, settings.poll_s)
                 if request is not None:
-                    await self._execute(slot, request)
+                    if not await self._execute(user_id, slot, request):
+                        ended = True  # the lease was lost during a store outage
+                        return
                     last_activity = self._clock.now()
                 elif self._seconds_since(last_activity) >= settings.idle_timeout_s:
                     if await self._directory.retire(user_id, token):
@@ -312,7 +332,59 @@ class WorkerHost:
     def _seconds_since(self, since: datetime) -> float:
         return (self._clock.now() - since).total_seconds()
 
-    async def _execute(self, slot: _Slot, request: OrderRequest) -> None:
-        async with slot.lock:
-            result = await slot.worker.execute(request)
-        await self._queue.complete(request, result)
+    async def _execute(self, user_id: str, slot: _Slot, request: OrderRequest) -> bool:
+        """Execute ``request`` and publish its result, retrying through store outages (see the
+        module doc). True once the result is published; False when the lease was lost before
+        that: the request is left in flight for the next holder."""
+        result: OrderResult | None = None
+        delay = OUTAGE_BACKOFF_S
+        retries = 0
+        while True:
+            try:
+                if result is None:
+                    async with slot.lock:
+                        result = await slot.worker.execute(request)
+                await self._queue.complete(request, result)
+            except StoreUnavailable as e:
+                if retries == 0:
+                    log.warning(
+                        "order %s of user %s interrupted (%s); retrying until the store is back",
+                        request.order_id,
+                        user_id,
+                        e,
+                    )
+                else:
+                    log.debug(
+                        "order %s of user %s: still unavailable (%s)", request.order_id, user_id, e
+                    )
+            else:
+                if retries:
+                    log.info(
+                        "order %s of user %s went through after %d retries",
+                        request.order_id,
+                        user_id,
+                        retries,
+                    )
+                return True
+            retries += 1
+            await self._sleeper.sleep(delay)
+            delay = min(delay * 2, OUTAGE_BACKOFF_MAX_S)
+            if not self._lease_kept(slot):
+                log.warning(
+                    "worker of user %s lost its lease during a store outage; order %s is left"
+                    " to the next holder",
+                    user_id,
+                    request.order_id,
+                )
+                return False
+
+    def _lease_kept(self, slot: _Slot) -> bool:
+        """Whether the worker may go on serving: the heartbeat has not found its lease lost
+        and renewed it less than a time to live ago. A lapsed lease counts as lost."""
+        if slot.lost:
+            return False
+        assert slot.renewed_at is not None
+        if self._seconds_since(slot.renewed_at) >= self._settings.mark_ttl_s:
+            slot.lost = True
+            return False
+        return True
