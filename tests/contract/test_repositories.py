@@ -232,7 +232,7 @@ async def test_email_is_unique_case_insensitively(stores: Stores) -> None:
 async def test_user_save_replaces_and_moves_the_email(stores: Stores) -> None:
     assert await stores.users.add(user(1))
     changed = user(1, email="new@example.com", disabled=True, password_hash="$argon2id$new")
-    await stores.users.save(changed)
+    assert await stores.users.save(changed, previous=user(1)) == changed
     assert await stores.users.get("user-1") == changed
     assert await stores.users.by_email("trader1@example.com") is None
     assert await stores.users.by_email("NEW@example.com") == changed
@@ -402,7 +402,7 @@ async def test_trading_account_round_trips_and_hides_deleted(stores: Stores) -> 
     assert got is not None and str(got.max_quantity) == "12.500"
     assert await stores.accounts.get("acct-2") is None
     assert await stores.accounts.list_for_user("user-1") == [account(3, created_at=at(0)), rich]
-    await stores.accounts.save(attrs.evolve(rich, deleted=True))
+    assert await stores.accounts.save(attrs.evolve(rich, deleted=True), previous=rich)
     assert await stores.accounts.get("acct-1") is None
     assert await stores.accounts.list_for_user("user-1") == [account(3, created_at=at(0))]
 
@@ -425,9 +425,10 @@ async def test_encrypted_credentials_round_trip_as_bytes(stores: Stores) -> None
         None,
     ]
     replaced = attrs.evolve(sealed, encrypted_credentials=b"\x01" + b"n" * 40)
-    await stores.accounts.save(replaced)
+    assert await stores.accounts.save(replaced, previous=sealed) == replaced
     assert await stores.accounts.get("acct-1") == replaced
-    await stores.accounts.save(attrs.evolve(replaced, encrypted_credentials=None))
+    erased = attrs.evolve(replaced, encrypted_credentials=None)
+    assert await stores.accounts.save(erased, previous=replaced) == erased
     got = await stores.accounts.get("acct-1")
     assert got is not None and got.encrypted_credentials is None
     assert "encrypted_credentials" not in repr(sealed)
@@ -445,10 +446,10 @@ async def test_webhook_token_rotation_and_deletion(stores: Stores) -> None:
     assert await stores.users.add(user(1))
     await stores.accounts.add(account(1))
     rotated = account(1, webhook_token_hash="f" * 64)
-    await stores.accounts.save(rotated)
+    assert await stores.accounts.save(rotated, previous=account(1)) == rotated
     assert await stores.accounts.by_webhook_token_hash(f"{1:064x}") is None
     assert await stores.accounts.by_webhook_token_hash("f" * 64) == (rotated, user(1))
-    await stores.accounts.save(attrs.evolve(rotated, deleted=True))
+    assert await stores.accounts.save(attrs.evolve(rotated, deleted=True), previous=rotated)
     assert await stores.accounts.by_webhook_token_hash("f" * 64) is None
 
 
@@ -505,7 +506,7 @@ async def test_webhook_owner_without_allowed_ips_or_orders_and_hidden_when_delet
     found = await stores.accounts.webhook_owner(f"{1:064x}", orders_since=T0)
     assert found == WebhookOwner(account(1), owner, (), 0)
     assert await stores.accounts.webhook_owner(f"{9:064x}", orders_since=T0) is None
-    await stores.accounts.save(account(1, deleted=True))
+    assert await stores.accounts.save(account(1, deleted=True), previous=account(1))
     assert await stores.accounts.webhook_owner(f"{1:064x}", orders_since=T0) is None
 
 

@@ -161,9 +161,10 @@ async def test_expired_subscription_shows_the_free_plan(env: Env) -> None:
     import attrs
 
     trader = await env.trader()
-    await env.system.users.save(
-        attrs.evolve(trader.user, subscription_expires_at=env.clock.now() + timedelta(hours=1))
+    expiring = attrs.evolve(
+        trader.user, subscription_expires_at=env.clock.now() + timedelta(hours=1)
     )
+    assert await env.system.users.save(expiring, previous=trader.user)
     session = await login(env.client, "ada@example.com")
     env.clock.advance(2 * 3600)
     refreshed = await env.client.post("/auth/silent-refresh", headers=session.headers(refresh=True))

@@ -77,7 +77,8 @@ async def test_unknown_token_is_404_and_audited_without_user(env: Env, trader: T
 
 
 async def test_disabled_user_is_403(env: Env, trader: Trader) -> None:
-    await env.system.users.save(attrs.evolve(trader.user, disabled=True))
+    disabled = attrs.evolve(trader.user, disabled=True)
+    assert await env.system.users.save(disabled, previous=trader.user)
     await problem(await trader.webhook(), 403)
     assert trader.actions()[-1] is AuditAction.WEBHOOK_ORDER
 

@@ -12,6 +12,7 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from racing import RacingUsers
 
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
@@ -298,7 +299,7 @@ async def test_forgot_password_for_an_unknown_address_looks_the_same(
 
 async def test_forgot_password_sends_nothing_for_a_disabled_user(world: World) -> None:
     user = await world.register()
-    await world.users.save(attrs.evolve(user, disabled=True))
+    assert await world.users.save(attrs.evolve(user, disabled=True), previous=user)
     assert await world.accounts.forgot_password(EMAIL, ctx()) is None
     await world.accounts.drain()
     assert world.mail.sent == []
@@ -644,3 +645,80 @@ async def test_no_password_key_or_reset_token_reaches_the_audit_log(world: World
     assert len(world.audit.all()) >= 10
     for secret in secrets:
         assert secret not in dump
+
+
+# --- lost races: the user changes while a reset or an acceptance is saved --------------------
+
+
+async def test_a_reset_wins_over_a_rehash_that_landed_first() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    user = await world.register()
+    await world.accounts.forgot_password(EMAIL, ctx())
+    token = await world.reset_link_token()
+    users.races.append(lambda u: attrs.evolve(u, password_hash=u.password_hash + "-rehashed"))
+
+    assert await world.accounts.reset_password(token, NEW_PASSWORD, ctx()) is None
+
+    assert users.saves == 2
+    assert status(await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())) == 401
+    assert isinstance(await world.login(password=NEW_PASSWORD), LoginResult)
+    [entry] = world.entries(AuditAction.PASSWORD_RESET)
+    assert entry.entry.success and entry.entry.user_id == user.id
+
+
+async def test_a_reset_that_loses_twice_is_409_and_audited_once() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    await world.register()
+    await world.accounts.forgot_password(EMAIL, ctx())
+    token = await world.reset_link_token()
+    users.races.extend(
+        [
+            lambda u: attrs.evolve(u, password_hash="$other-1"),
+            lambda u: attrs.evolve(u, password_hash="$other-2"),
+        ]
+    )
+
+    outcome = await world.accounts.reset_password(token, NEW_PASSWORD, ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.status == 409
+    stored = await world.users.by_email(EMAIL)
+    assert stored is not None and stored.password_hash == "$other-2"
+    [entry] = world.entries(AuditAction.PASSWORD_RESET)
+    assert not entry.entry.success and entry.entry.error_message == "changed concurrently"
+
+
+async def test_accepting_the_terms_beside_the_same_acceptance_succeeds_once() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    await world.register()
+    principal = await world.principal()
+    users.races.append(lambda u: attrs.evolve(u, accepted_terms_version="1", plan=Plan.FREE))
+
+    updated = await world.accounts.accept_terms(principal, "1", ctx())
+
+    assert isinstance(updated, User) and updated.accepted_terms_version == "1"
+    assert updated.plan is Plan.FREE  # the other request's change is kept
+    assert users.saves == 2  # the second changes nothing: it only reads the stored user
+    [entry] = world.entries(AuditAction.TERMS_ACCEPTED)
+    assert entry.entry.success
+
+
+async def test_accepting_the_terms_that_loses_twice_is_409_and_audited_once() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    await world.register()
+    principal = await world.principal()
+    users.races.extend(
+        [
+            lambda u: attrs.evolve(u, accepted_terms_version="0"),
+            lambda u: attrs.evolve(u, accepted_terms_version="00"),
+        ]
+    )
+
+    outcome = await world.accounts.accept_terms(principal, "1", ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.status == 409
+    [entry] = world.entries(AuditAction.TERMS_ACCEPTED)
+    assert not entry.entry.success

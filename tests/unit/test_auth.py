@@ -14,6 +14,7 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from racing import RacingUsers
 
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
@@ -467,7 +468,7 @@ async def test_administrative_revocation_ends_every_session_of_that_user_only(
 async def test_a_disabled_user_is_refused_even_with_a_live_token(world: World) -> None:
     user = await world.add_user()
     login = await world.login()
-    await world.users.save(attrs.evolve(user, disabled=True))
+    assert await world.users.save(attrs.evolve(user, disabled=True), previous=user)
     result = await world.auth.authenticate(login.tokens.access_token, None)
     assert isinstance(result, Rejected) and result.status == 403
     refreshed = await world.auth.refresh(login.tokens.refresh_token, ctx())
@@ -790,3 +791,44 @@ async def test_no_password_token_or_csrf_token_reaches_the_audit_log(world: Worl
     for shown in (repr(login), repr(login.tokens), repr(principal), repr(cookie_principal)):
         for secret in secrets:
             assert secret not in shown
+
+
+# --- lost races: the password changes while a login rehashes it ------------------------------
+
+
+def outdated_hash(password: str = PASSWORD) -> str:
+    return argon2.PasswordHasher(time_cost=2, memory_cost=1024, parallelism=1).hash(password)
+
+
+async def test_a_rehash_never_writes_the_old_password_over_a_reset() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    user = await world.add_user(encoded=outdated_hash())
+    reset_hash = argon2_fast().hash("the new password after a reset")
+    users.races.append(lambda u: attrs.evolve(u, password_hash=reset_hash))
+
+    result = await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())
+
+    assert result == INVALID_CREDENTIALS
+    stored = await world.users.get(user.id)
+    assert stored is not None and stored.password_hash == reset_hash
+    [entry] = world.entries(AuditAction.LOGIN)
+    assert not entry.entry.success and entry.entry.error_message == "wrong password"
+    assert world.sessions._sessions == {}
+
+
+async def test_a_rehash_that_another_login_beat_still_logs_in() -> None:
+    users = RacingUsers()
+    world = make_world(users=users)
+    user = await world.add_user(encoded=outdated_hash())
+    other_rehash = argon2_fast().hash(PASSWORD)
+    users.races.append(lambda u: attrs.evolve(u, password_hash=other_rehash))
+
+    result = await world.login()
+
+    assert result.user == attrs.evolve(user, password_hash=other_rehash)
+    assert (await world.users.get(user.id)) == result.user
+    assert users.saves == 1
+    assert world.hasher.calls == ["verify", "hash", "verify"]
+    [entry] = world.entries(AuditAction.LOGIN)
+    assert entry.entry.success

@@ -51,7 +51,8 @@ async def test_unknown_token_is_404_and_audited_without_user(system: EmbeddedSys
 
 
 async def test_disabled_user_is_403(trader: Trader) -> None:
-    await trader.system.users.save(attrs.evolve(trader.user, disabled=True))
+    disabled = attrs.evolve(trader.user, disabled=True)
+    assert await trader.system.users.save(disabled, previous=trader.user)
 
     outcome = await trader.send(trader.body())
 
@@ -234,7 +235,8 @@ async def test_simulation_bypasses_exactly_timestamp_and_secret(
 async def test_symbol_outside_the_allowed_list_is_400(trader: Trader) -> None:
     system = trader.system
     account = trader.account.account
-    await system.accounts.save(attrs.evolve(account, allowed_symbols=frozenset({"ES"})))
+    limited = attrs.evolve(account, allowed_symbols=frozenset({"ES"}))
+    assert await system.accounts.save(limited, previous=account)
 
     outcome = await trader.send(trader.body(symbol="BTCUSDT"))
 

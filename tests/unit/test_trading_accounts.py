@@ -13,6 +13,7 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from racing import RacingAccounts
 from support import fast_hasher
 
 from tradecore.accounts import TradingAccount
@@ -554,7 +555,8 @@ async def test_verify_with_the_broker_down_is_503(world: World) -> None:
 async def test_verify_with_unreadable_credentials_asks_for_them_again(world: World) -> None:
     new = await world.create(credentials=CREDENTIALS)
     foreign = AesGcmCipher(os.urandom(32)).encrypt(b"{}", new.account.id.encode())
-    await world.accounts.save(attrs.evolve(new.account, encrypted_credentials=foreign))
+    unreadable = attrs.evolve(new.account, encrypted_credentials=foreign)
+    assert await world.accounts.save(unreadable, previous=new.account)
     outcome = await world.service.verify_credentials(world.ada, new.account.id, ctx())
     assert isinstance(outcome, Rejected) and outcome.code == "credentials_unreadable"
     assert world.verifier.calls == []
@@ -575,3 +577,223 @@ async def test_credentials_replaced_during_the_check_are_not_marked_verified(
     assert isinstance(outcome, Rejected) and outcome.status == 409
     stored = await world.accounts.get(new.account.id)
     assert stored is not None and not stored.credentials_verified
+
+
+# --- lost races: another request changes the account just before a save ----------------------
+
+
+async def racing() -> tuple[World, RacingAccounts]:
+    world = await build(RacingAccounts)
+    assert isinstance(world.accounts, RacingAccounts)
+    return world, world.accounts
+
+
+def new_entries(world: World, before: int) -> list[StoredAuditEntry]:
+    return world.entries()[before:]
+
+
+async def test_a_rename_beside_a_secret_regeneration_keeps_the_new_secret() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    other = hash_secret("secret shown to the other request")
+    accounts.races.append(lambda a: attrs.evolve(a, webhook_secret_hash=other))
+    before = len(world.entries())
+
+    updated = await world.service.update(world.ada, new.account.id, {"name": "Renamed"}, ctx())
+
+    assert isinstance(updated, TradingAccount) and updated.name == "Renamed"
+    assert updated.webhook_secret_hash == other
+    assert await world.accounts.get(new.account.id) == updated
+    assert accounts.saves == 1
+    [entry] = new_entries(world, before)
+    assert entry.entry.success and entry.entry.metadata["fields"] == ["name"]
+
+
+async def test_a_regeneration_beside_a_rename_keeps_the_new_name() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    accounts.races.append(lambda a: attrs.evolve(a, name="Renamed elsewhere"))
+
+    secret = await world.service.regenerate_secret(world.ada, new.account.id, ctx())
+
+    assert isinstance(secret, str)
+    stored = await world.accounts.get(new.account.id)
+    assert stored is not None and stored.name == "Renamed elsewhere"
+    assert stored.webhook_secret_hash == hash_secret(secret)
+
+
+async def test_an_update_that_loses_on_its_own_field_is_applied_to_the_newer_account() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    accounts.races.append(lambda a: attrs.evolve(a, name="Other", max_request_age=60))
+    before = len(world.entries())
+
+    updated = await world.service.update(world.ada, new.account.id, {"name": "Mine"}, ctx())
+
+    assert isinstance(updated, TradingAccount)
+    assert (updated.name, updated.max_request_age) == ("Mine", 60)
+    assert await world.accounts.get(new.account.id) == updated
+    assert accounts.saves == 2
+    [entry] = new_entries(world, before)
+    assert entry.entry.success
+
+
+async def test_new_credentials_stay_unverified_when_a_verification_lands_first() -> None:
+    world, accounts = await racing()
+    new = await world.create(credentials=CREDENTIALS)
+    accounts.races.append(lambda a: attrs.evolve(a, credentials_verified=True))
+
+    updated = await world.service.update(
+        world.ada, new.account.id, {"credentials": {"api_key": "rotated"}}, ctx()
+    )
+
+    assert isinstance(updated, TradingAccount) and not updated.credentials_verified
+    assert await world.service.broker_credentials(updated) == {"api_key": "rotated"}
+    assert await world.accounts.get(new.account.id) == updated
+    assert accounts.saves == 2
+
+
+async def test_an_update_that_loses_twice_is_409_and_audited_once() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    accounts.races.extend(
+        [lambda a: attrs.evolve(a, name="First"), lambda a: attrs.evolve(a, name="Second")]
+    )
+    before = len(world.entries())
+
+    outcome = await world.service.update(world.ada, new.account.id, {"name": "Mine"}, ctx())
+
+    assert isinstance(outcome, Rejected) and (outcome.status, outcome.code) == (409, "conflict")
+    stored = await world.accounts.get(new.account.id)
+    assert stored is not None and stored.name == "Second"
+    [entry] = new_entries(world, before)
+    assert not entry.entry.success and entry.entry.error_message == "changed concurrently"
+
+
+async def test_an_update_of_an_account_deleted_meanwhile_is_404() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    accounts.races.append(lambda a: attrs.evolve(a, deleted=True))
+    before = len(world.entries())
+
+    outcome = await world.service.update(world.ada, new.account.id, {"name": "Mine"}, ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.status == 404
+    assert world.accounts._accounts[new.account.id].name == "Main"
+    [entry] = new_entries(world, before)
+    assert entry.entry.error_message == "not found"
+
+
+async def test_a_regeneration_never_writes_over_a_secret_issued_meanwhile() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    other = hash_secret("secret shown to the other request")
+    accounts.races.append(lambda a: attrs.evolve(a, webhook_secret_hash=other))
+    before = len(world.entries())
+
+    outcome = await world.service.regenerate_secret(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, Rejected)
+    assert (outcome.status, outcome.code) == (409, "webhook_secret_changed")
+    stored = await world.accounts.get(new.account.id)
+    assert stored is not None and stored.webhook_secret_hash == other
+    assert accounts.saves == 1
+    [entry] = new_entries(world, before)
+    assert entry.entry.action is AuditAction.WEBHOOK_SECRET_REGENERATED
+    assert not entry.entry.success and entry.entry.error_message == "changed concurrently"
+
+
+async def test_a_rotation_never_writes_over_a_token_issued_meanwhile() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    other = hash_secret("token shown to the other request")
+    accounts.races.append(lambda a: attrs.evolve(a, webhook_token_hash=other))
+    before = len(world.entries())
+
+    outcome = await world.service.rotate_token(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, Rejected)
+    assert (outcome.status, outcome.code) == (409, "webhook_token_changed")
+    found = await world.accounts.by_webhook_token_hash(other)
+    assert found is not None and found[0].id == new.account.id
+    [entry] = new_entries(world, before)
+    assert entry.entry.action is AuditAction.WEBHOOK_TOKEN_ROTATED and not entry.entry.success
+
+
+async def test_a_regeneration_of_an_account_deleted_meanwhile_is_404() -> None:
+    world, accounts = await racing()
+    new = await world.create()
+    accounts.races.append(lambda a: attrs.evolve(a, deleted=True, encrypted_credentials=None))
+    before = len(world.entries())
+
+    outcome = await world.service.regenerate_secret(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.status == 404
+    row = world.accounts._accounts[new.account.id]
+    assert row.webhook_secret_hash == new.account.webhook_secret_hash
+    [entry] = new_entries(world, before)
+    assert entry.entry.error_message == "not found"
+
+
+async def test_a_delete_erases_credentials_stored_meanwhile() -> None:
+    world, accounts = await racing()
+    new = await world.create(credentials=CREDENTIALS)
+    accounts.races.append(lambda a: attrs.evolve(a, encrypted_credentials=b"stored meanwhile"))
+    before = len(world.entries())
+
+    assert await world.service.delete(world.ada, new.account.id, ctx()) is None
+
+    row = world.accounts._accounts[new.account.id]
+    assert row.deleted and row.encrypted_credentials is None
+    assert accounts.saves == 2
+    [entry] = new_entries(world, before)
+    assert entry.entry.action is AuditAction.ACCOUNT_DELETED and entry.entry.success
+
+
+async def test_a_delete_that_loses_twice_is_409_and_leaves_the_account_live() -> None:
+    world, accounts = await racing()
+    new = await world.create(credentials=CREDENTIALS)
+    accounts.races.extend(
+        [
+            lambda a: attrs.evolve(a, encrypted_credentials=b"first"),
+            lambda a: attrs.evolve(a, encrypted_credentials=b"second"),
+        ]
+    )
+    before = len(world.entries())
+
+    outcome = await world.service.delete(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.status == 409
+    assert await world.accounts.get(new.account.id) is not None
+    [entry] = new_entries(world, before)
+    assert not entry.entry.success
+
+
+async def test_credentials_replaced_just_before_marking_verified_are_not_marked() -> None:
+    world, accounts = await racing()
+    new = await world.create(credentials=CREDENTIALS)
+    accounts.races.append(lambda a: attrs.evolve(a, encrypted_credentials=b"replaced"))
+    before = len(world.entries())
+
+    outcome = await world.service.verify_credentials(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, Rejected) and outcome.code == "credentials_changed"
+    stored = await world.accounts.get(new.account.id)
+    assert stored is not None and not stored.credentials_verified
+    [entry] = new_entries(world, before)
+    assert entry.entry.error_message == "credentials changed"
+
+
+async def test_a_verification_that_another_one_beat_succeeds_without_writing() -> None:
+    world, accounts = await racing()
+    new = await world.create(credentials=CREDENTIALS)
+    accounts.races.append(lambda a: attrs.evolve(a, credentials_verified=True, name="Other"))
+    before = len(world.entries())
+
+    outcome = await world.service.verify_credentials(world.ada, new.account.id, ctx())
+
+    assert isinstance(outcome, TradingAccount) and outcome.credentials_verified
+    assert outcome == await world.accounts.get(new.account.id)
+    assert accounts.saves == 1
+    [entry] = new_entries(world, before)
+    assert entry.entry.success

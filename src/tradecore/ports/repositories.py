@@ -31,8 +31,16 @@ class UserRepository(Protocol):
         """Look up by e-mail, case-insensitively."""
         ...
 
-    async def save(self, user: User) -> None:
-        """Replace the stored user with the same id."""
+    async def save(self, user: User, *, previous: User, guard: Collection[str] = ()) -> User | None:
+        """Compare-and-set the fields where ``user`` differs from ``previous`` (the stored
+        user the caller read and derived ``user`` from): those fields are written, and only
+        if each still holds its value in ``previous``, as must every field named in ``guard``
+        (fields the change was decided on). Fields that neither differ nor are named are
+        neither written nor compared, so a concurrent change to them survives. Returns the
+        stored user after the write, or None (nothing written) when a compared field no
+        longer holds its ``previous`` value or the user does not exist. When nothing differs
+        nothing is written and the answer says whether the compared fields still hold.
+        ``previous.id`` must be ``user.id``; unknown names in ``guard`` raise TypeError."""
         ...
 
 
@@ -123,8 +131,19 @@ class TradingAccountRepository(Protocol):
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]: ...
 
-    async def save(self, account: TradingAccount) -> None:
-        """Replace the stored account with the same id."""
+    async def save(
+        self,
+        account: TradingAccount,
+        *,
+        previous: TradingAccount,
+        guard: Collection[str] = (),
+    ) -> TradingAccount | None:
+        """Compare-and-set the fields where ``account`` differs from ``previous``, exactly as
+        ``UserRepository.save`` does; ``deleted`` is always compared as well, so a write
+        decided on a live account never lands on one deleted meanwhile. Returns the stored
+        account after the write (deleted ones included), or None (nothing written) when a
+        compared field no longer holds its ``previous`` value or the account does not
+        exist."""
         ...
 
 

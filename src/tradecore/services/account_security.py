@@ -61,6 +61,16 @@ NOT_FOUND = Rejected(404, "not_found", "Not found")
 INVALID_RESET_TOKEN = Rejected(
     400, "invalid_reset_token", "The reset link is invalid or has expired; request a new one"
 )
+CONFLICT = Rejected(
+    409, "conflict", "The account was changed by another request at the same time; try again"
+)
+RESET_CONFLICT = Rejected(
+    409,
+    "conflict",
+    "The password was changed by another request at the same time; request a new reset link",
+)
+# A lost compare-and-set on the user (UserRepository.save) is re-read and tried once more.
+SAVE_ATTEMPTS = 2
 
 
 def _positive(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -254,7 +264,8 @@ class AccountSecurity:
         """``POST /auth/reset-password``: None (204) after the password is replaced, every
         outstanding reset token of the user dropped and every session revoked. 400 for a weak
         password (the token is kept) and, with one body, for an unknown, used or expired
-        token."""
+        token. The new password wins over a change made meanwhile (a login's rehash, another
+        reset); 409 only when it loses that race twice."""
         try:
             return await self._reset_password(token, new_password, context)
         except StoreUnavailable:
@@ -276,8 +287,19 @@ class AccountSecurity:
         if user is None or user.disabled:
             await self._audit(AuditAction.PASSWORD_RESET, context, user_id, "invalid token")
             return INVALID_RESET_TOKEN
-        user = attrs.evolve(user, password_hash=await self._hasher.hash(new_password))
-        await self._users.save(user)
+        password_hash = await self._hasher.hash(new_password)
+        for attempt in range(SAVE_ATTEMPTS):
+            if attempt:
+                user = await self._users.get(user.id)
+                if user is None or user.disabled:
+                    await self._audit(AuditAction.PASSWORD_RESET, context, user_id, "invalid token")
+                    return INVALID_RESET_TOKEN
+            changed = attrs.evolve(user, password_hash=password_hash)
+            if await self._users.save(changed, previous=user) is not None:
+                break
+        else:
+            await self._audit(AuditAction.PASSWORD_RESET, context, user.id, "changed concurrently")
+            return RESET_CONFLICT
         await self._resets.discard_for_user(user.id)
         revoked = await self._sessions.deactivate_all(user.id, self._clock.now())
         await self._audit(
@@ -295,7 +317,8 @@ class AccountSecurity:
         self, principal: Principal, version: object, context: RequestContext
     ) -> User | Rejected:
         """``POST /auth/accept-terms``: record that the user accepted ``version``, which must
-        be the current TERMS_VERSION (400 otherwise). The updated user."""
+        be the current TERMS_VERSION (400 otherwise). The updated user; a concurrent change
+        of the same field is read again and the version set once more."""
         try:
             if not isinstance(version, str) or version != self._settings.terms_version:
                 await self._audit(
@@ -304,19 +327,25 @@ class AccountSecurity:
                 return bad_request(
                     f"version must be the current terms version {self._settings.terms_version!r}"
                 )
-            user = await self._users.get(principal.user_id)
-            if user is None:
-                return NOT_FOUND
-            user = attrs.evolve(user, accepted_terms_version=version)
-            await self._users.save(user)
+            for _ in range(SAVE_ATTEMPTS):
+                user = await self._users.get(principal.user_id)
+                if user is None:
+                    return NOT_FOUND
+                accepted = attrs.evolve(user, accepted_terms_version=version)
+                stored = await self._users.save(accepted, previous=user)
+                if stored is not None:
+                    await self._audit(
+                        AuditAction.TERMS_ACCEPTED,
+                        context,
+                        stored.id,
+                        resource=("user", stored.id),
+                        metadata={"version": version},
+                    )
+                    return stored
             await self._audit(
-                AuditAction.TERMS_ACCEPTED,
-                context,
-                user.id,
-                resource=("user", user.id),
-                metadata={"version": version},
+                AuditAction.TERMS_ACCEPTED, context, principal.user_id, "changed concurrently"
             )
-            return user
+            return CONFLICT
         except StoreUnavailable:
             return UNAVAILABLE
 

@@ -312,7 +312,24 @@ class Authenticator:
     async def _check_password(
         self, email: str, password: str, context: RequestContext, metadata: dict[str, Any]
     ) -> User | Rejected:
-        """The user whose password this is, or the refusal (audited)."""
+        """The user whose password this is, or the refusal (audited).
+
+        A hash made with outdated parameters is replaced by a compare-and-set on the hash that
+        was checked. When the password changed meanwhile (a reset) the newer hash is never
+        overwritten: the user is read again and the password checked against what is stored
+        now, without a second rehash."""
+        user = await self._verified_user(email, password, context, metadata)
+        if isinstance(user, Rejected) or not self._hasher.needs_rehash(user.password_hash):
+            return user
+        rehashed = attrs.evolve(user, password_hash=await self._hasher.hash(password))
+        stored = await self._users.save(rehashed, previous=user)
+        if stored is not None:
+            return stored
+        return await self._verified_user(email, password, context, metadata)
+
+    async def _verified_user(
+        self, email: str, password: str, context: RequestContext, metadata: dict[str, Any]
+    ) -> User | Rejected:
         user = await self._users.by_email(email)
         if user is None:
             await self._hasher.verify_dummy(password)
@@ -324,9 +341,6 @@ class Authenticator:
         if user.disabled:
             await self._audit_login_failure(user.id, context, "user disabled", metadata)
             return USER_DISABLED
-        if self._hasher.needs_rehash(user.password_hash):
-            user = attrs.evolve(user, password_hash=await self._hasher.hash(password))
-            await self._users.save(user)
         return user
 
     async def _open_session(

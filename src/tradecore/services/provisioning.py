@@ -144,14 +144,21 @@ class Provisioning:
         )
         return NewAccount(account, token, secret)
 
-    async def regenerate_secret(self, account: TradingAccount) -> str:
-        """Replace the webhook secret; the new one is returned this once."""
+    async def regenerate_secret(self, account: TradingAccount) -> str | None:
+        """Replace the webhook secret of ``account`` (as the caller read it); the new one is
+        returned this once. None, and nothing written, when the stored secret is no longer the
+        one ``account`` holds or the account was deleted meanwhile: a regeneration never
+        writes over a secret it has not seen."""
         secret = self._random.token_urlsafe(WEBHOOK_SECRET_BYTES)
-        await self._accounts.save(attrs.evolve(account, webhook_secret_hash=hash_secret(secret)))
-        return secret
+        updated = attrs.evolve(account, webhook_secret_hash=hash_secret(secret))
+        stored = await self._accounts.save(updated, previous=account)
+        return None if stored is None else secret
 
-    async def rotate_token(self, account: TradingAccount) -> str:
-        """Replace the webhook URL token; the old URL stops working at once."""
+    async def rotate_token(self, account: TradingAccount) -> str | None:
+        """Replace the webhook URL token of ``account`` (as the caller read it); the old URL
+        stops working at once. None, and nothing written, when the stored token is no longer
+        the one ``account`` holds or the account was deleted meanwhile."""
         token = self._random.token_urlsafe(WEBHOOK_TOKEN_BYTES)
-        await self._accounts.save(attrs.evolve(account, webhook_token_hash=hash_secret(token)))
-        return token
+        updated = attrs.evolve(account, webhook_token_hash=hash_secret(token))
+        stored = await self._accounts.save(updated, previous=account)
+        return None if stored is None else token

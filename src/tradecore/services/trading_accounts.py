@@ -14,6 +14,12 @@ made by ``Provisioning`` and returned once.
 Every change leaves one audit entry (``account_created``, ``account_updated``,
 ``account_deleted``, ``webhook_secret_regenerated``, ``webhook_token_rotated``), refusals
 included. Refusals are ``Rejected`` values; an unreachable store is 503.
+
+Changes are compare-and-set saves of the fields they change (``TradingAccountRepository.save``),
+so concurrent requests on the same account never write back each other's old values. A change
+that loses such a race is re-read and applied once more where the request still means the same
+on the newer account (an update, a delete, marking verified); a new webhook secret or token is
+never written over one another request issued meanwhile (409). A second loss in a row is 409.
 """
 
 from __future__ import annotations
@@ -70,6 +76,26 @@ CREDENTIALS_CHANGED = Rejected(
     409, "credentials_changed", "The credentials changed while they were checked; verify again"
 )
 BROKER_UNAVAILABLE = Rejected(503, "broker_unavailable", "The broker could not be reached")
+CONFLICT = Rejected(
+    409, "conflict", "The account was changed by another request at the same time; try again"
+)
+SECRET_CHANGED = Rejected(
+    409,
+    "webhook_secret_changed",
+    "Another request replaced the webhook secret at the same time; this one changed nothing. "
+    "Use the secret that request returned, or regenerate again",
+)
+TOKEN_CHANGED = Rejected(
+    409,
+    "webhook_token_changed",
+    "Another request rotated the webhook URL at the same time; this one changed nothing. "
+    "Use the URL that request returned, or rotate again",
+)
+# A lost compare-and-set is re-read and tried once more.
+SAVE_ATTEMPTS = 2
+# Fields whose stored values a credential replacement is decided on: new credentials are
+# unverified whatever a concurrent verification of the old ones set.
+_CREDENTIAL_FIELDS = ("encrypted_credentials", "credentials_verified")
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -308,7 +334,8 @@ class TradingAccounts:
         by the webhook's symbol rules; empty means all), and new broker credentials
         (``credentials`` or ``encrypted_credentials``, which need a browser session and make
         the account unverified again). All or nothing: one bad field is 400 and changes
-        nothing. Other fields are ignored."""
+        nothing. Other fields are ignored. Applied over whatever another request changed
+        meanwhile (404 when it deleted the account)."""
         try:
             return await self._update(principal, account_id, changes, context)
         except StoreUnavailable:
@@ -341,19 +368,24 @@ class TradingAccounts:
         except DecryptionFailed:
             await self._audit(action, context, user_id, account.id, "encrypted credentials invalid")
             return SEALED_INVALID
-        fresh = await self._own(principal, account.id)
-        if fresh is None:
-            await self._audit(action, context, user_id, account.id, "not found")
-            return NOT_FOUND
         if new_credentials:
             credentials = fields.pop("credentials")
-            fields["encrypted_credentials"] = self._seal(fresh, credentials)
+            fields["encrypted_credentials"] = self._seal(account, credentials)
             fields["credentials_verified"] = False
-        updated = attrs.evolve(fresh, **fields)
-        await self._accounts.save(updated)
+        guard = _CREDENTIAL_FIELDS if new_credentials else ()
         names = sorted({"credentials" if f == "encrypted_credentials" else f for f in fields})
-        await self._audit(action, context, user_id, account.id, metadata={"fields": names})
-        return updated
+        for _ in range(SAVE_ATTEMPTS):
+            fresh = await self._own(principal, account.id)
+            if fresh is None:
+                await self._audit(action, context, user_id, account.id, "not found")
+                return NOT_FOUND
+            updated = attrs.evolve(fresh, **fields)
+            stored = await self._accounts.save(updated, previous=fresh, guard=guard)
+            if stored is not None:
+                await self._audit(action, context, user_id, account.id, metadata={"fields": names})
+                return stored
+        await self._audit(action, context, user_id, account.id, "changed concurrently")
+        return CONFLICT
 
     async def _changed_fields(
         self, account: TradingAccount, changes: Mapping[str, object]
@@ -394,38 +426,47 @@ class TradingAccounts:
         self, principal: Principal, account_id: object, context: RequestContext
     ) -> Rejected | None:
         """Soft delete: the account disappears from every lookup, so its webhook URL answers
-        404 at once; its stored broker credentials are erased. Order history keeps naming it."""
+        404 at once; its stored broker credentials are erased (also credentials another
+        request stored meanwhile). Order history keeps naming it."""
         action = AuditAction.ACCOUNT_DELETED
+        user_id = principal.user_id
         try:
             account = await self._own(principal, account_id)
             if account is None:
                 await self._audit(
-                    action,
-                    context,
-                    principal.user_id,
-                    None,
-                    "not found",
-                    metadata=_requested(account_id),
+                    action, context, user_id, None, "not found", metadata=_requested(account_id)
                 )
                 return NOT_FOUND
-            await self._accounts.save(
-                attrs.evolve(account, deleted=True, encrypted_credentials=None)
-            )
-            await self._audit(action, context, principal.user_id, account.id)
-            return None
+            for attempt in range(SAVE_ATTEMPTS):
+                if attempt:
+                    fresh = await self._own(principal, account.id)
+                    if fresh is None:
+                        await self._audit(action, context, user_id, account.id, "not found")
+                        return NOT_FOUND
+                    account = fresh
+                deleted = attrs.evolve(account, deleted=True, encrypted_credentials=None)
+                if await self._accounts.save(deleted, previous=account) is not None:
+                    await self._audit(action, context, user_id, account.id)
+                    return None
+            await self._audit(action, context, user_id, account.id, "changed concurrently")
+            return CONFLICT
         except StoreUnavailable:
             return UNAVAILABLE
 
     async def regenerate_secret(
         self, principal: Principal, account_id: object, context: RequestContext
     ) -> str | Rejected:
-        """A new webhook secret, returned this once; the old one stops working at once."""
+        """A new webhook secret, returned this once; the old one stops working at once. 409
+        (nothing changed) when another request replaced the secret meanwhile: the secret it
+        returned stays the valid one."""
         action = AuditAction.WEBHOOK_SECRET_REGENERATED
         try:
             account = await self._issuing(principal, account_id, action, context)
             if isinstance(account, Rejected):
                 return account
             secret = await self._provisioning.regenerate_secret(account)
+            if secret is None:
+                return await self._issue_lost(principal, account, action, context, SECRET_CHANGED)
             await self._audit(action, context, principal.user_id, account.id)
             return secret
         except StoreUnavailable:
@@ -434,17 +475,36 @@ class TradingAccounts:
     async def rotate_token(
         self, principal: Principal, account_id: object, context: RequestContext
     ) -> str | Rejected:
-        """A new webhook URL token, returned this once; the old URL answers 404 at once."""
+        """A new webhook URL token, returned this once; the old URL answers 404 at once. 409
+        (nothing changed) when another request rotated it meanwhile."""
         action = AuditAction.WEBHOOK_TOKEN_ROTATED
         try:
             account = await self._issuing(principal, account_id, action, context)
             if isinstance(account, Rejected):
                 return account
             token = await self._provisioning.rotate_token(account)
+            if token is None:
+                return await self._issue_lost(principal, account, action, context, TOKEN_CHANGED)
             await self._audit(action, context, principal.user_id, account.id)
             return token
         except StoreUnavailable:
             return UNAVAILABLE
+
+    async def _issue_lost(
+        self,
+        principal: Principal,
+        account: TradingAccount,
+        action: AuditAction,
+        context: RequestContext,
+        changed: Rejected,
+    ) -> Rejected:
+        """The answer (audited) when a new secret or token was not stored: 404 when the account
+        was deleted meanwhile, else ``changed`` (another request issued one)."""
+        if await self._own(principal, account.id) is None:
+            await self._audit(action, context, principal.user_id, account.id, "not found")
+            return NOT_FOUND
+        await self._audit(action, context, principal.user_id, account.id, "changed concurrently")
+        return changed
 
     async def _issuing(
         self,
@@ -500,6 +560,18 @@ class TradingAccounts:
             if reason is not None:
                 await self._audit(action, context, user_id, account.id, "credentials rejected")
                 return Rejected(400, "credentials_rejected", reason)
+            return await self._mark_verified(principal, account, context)
+        except StoreUnavailable:
+            return UNAVAILABLE
+
+    async def _mark_verified(
+        self, principal: Principal, account: TradingAccount, context: RequestContext
+    ) -> TradingAccount | Rejected:
+        """Mark verified the credentials ``account`` held when the broker accepted them, unless
+        they were replaced (409) or the account deleted (404) meanwhile."""
+        action = AuditAction.ACCOUNT_UPDATED
+        user_id = principal.user_id
+        for _ in range(SAVE_ATTEMPTS):
             fresh = await self._own(principal, account.id)
             if fresh is None:
                 await self._audit(action, context, user_id, account.id, "not found")
@@ -507,15 +579,23 @@ class TradingAccounts:
             if fresh.encrypted_credentials != account.encrypted_credentials:
                 await self._audit(action, context, user_id, account.id, "credentials changed")
                 return CREDENTIALS_CHANGED
-            verified = attrs.evolve(fresh, credentials_verified=True)
+            stored: TradingAccount | None = fresh
             if not fresh.credentials_verified:
-                await self._accounts.save(verified)
-            await self._audit(
-                action, context, user_id, account.id, metadata={"fields": ["credentials_verified"]}
-            )
-            return verified
-        except StoreUnavailable:
-            return UNAVAILABLE
+                verified = attrs.evolve(fresh, credentials_verified=True)
+                stored = await self._accounts.save(
+                    verified, previous=fresh, guard=("encrypted_credentials",)
+                )
+            if stored is not None:
+                await self._audit(
+                    action,
+                    context,
+                    user_id,
+                    account.id,
+                    metadata={"fields": ["credentials_verified"]},
+                )
+                return stored
+        await self._audit(action, context, user_id, account.id, "changed concurrently")
+        return CONFLICT
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -20,6 +20,32 @@ from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
 from tradecore.ports.repositories import WebhookOwner
+
+_Record = TypeVar("_Record", User, TradingAccount)
+
+
+def _compare_and_set(
+    stored: _Record | None,
+    new: _Record,
+    previous: _Record,
+    guard: Collection[str],
+    always: Collection[str] = (),
+) -> _Record | None:
+    """``stored`` with the fields where ``new`` differs from ``previous`` taken from ``new``;
+    None when there is no ``stored`` or one of those fields, of ``guard`` or of ``always`` no
+    longer holds its value in ``previous`` (the compare-and-set of the repositories' ``save``)."""
+    names = [f.name for f in attrs.fields(type(new))]
+    unknown = sorted(set(guard) - set(names))
+    if unknown:
+        raise TypeError(f"{type(new).__name__} has no field {', '.join(unknown)}")
+    if new.id != previous.id:
+        raise ValueError("save: previous is another record")
+    changed = {f: getattr(new, f) for f in names if getattr(new, f) != getattr(previous, f)}
+    if stored is None or any(
+        getattr(stored, f) != getattr(previous, f) for f in set(changed).union(guard, always)
+    ):
+        return None
+    return attrs.evolve(stored, **changed) if changed else stored
 
 
 class MemoryUserRepository:
@@ -42,11 +68,15 @@ class MemoryUserRepository:
         user_id = self._id_by_email.get(email.casefold())
         return None if user_id is None else self._by_id[user_id]
 
-    async def save(self, user: User) -> None:
-        old = self._by_id[user.id]
+    async def save(self, user: User, *, previous: User, guard: Collection[str] = ()) -> User | None:
+        old = self._by_id.get(previous.id)
+        stored = _compare_and_set(old, user, previous, guard)
+        if old is None or stored is None:
+            return None
         del self._id_by_email[old.email.casefold()]
-        self._by_id[user.id] = user
-        self._id_by_email[user.email.casefold()] = user.id
+        self._by_id[stored.id] = stored
+        self._id_by_email[stored.email.casefold()] = stored.id
+        return stored
 
 
 class MemorySessionRepository:
@@ -184,11 +214,21 @@ class MemoryTradingAccountRepository:
         accounts = [a for a in self._accounts.values() if a.user_id == user_id and not a.deleted]
         return sorted(accounts, key=lambda a: a.created_at)
 
-    async def save(self, account: TradingAccount) -> None:
-        old = self._accounts[account.id]
+    async def save(
+        self,
+        account: TradingAccount,
+        *,
+        previous: TradingAccount,
+        guard: Collection[str] = (),
+    ) -> TradingAccount | None:
+        old = self._accounts.get(previous.id)
+        stored = _compare_and_set(old, account, previous, guard, always=("deleted",))
+        if old is None or stored is None:
+            return None
         self._id_by_token_hash.pop(old.webhook_token_hash, None)
-        self._accounts[account.id] = account
-        self._id_by_token_hash[account.webhook_token_hash] = account.id
+        self._accounts[stored.id] = stored
+        self._id_by_token_hash[stored.webhook_token_hash] = stored.id
+        return stored
 
 
 class MemoryOrderHistory:

@@ -2,21 +2,32 @@
 (and, for ``webhook_owner``, the owner's allowed IPs and order count in the same statement).
 
 Broker credentials are stored as the ciphertext the core hands over (``bytea``), never opened
-here.
+here. ``save`` is one compare-and-set statement on the changed and compared columns (see
+``identity.compare_and_set_query``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
+
+import attrs
 
 from tradecore.accounts import TradingAccount
 from tradecore.identity import User
 from tradecore.ports.repositories import WebhookOwner
-from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
+from tradecore_adapters.postgres.identity import (
+    USER_COLUMNS,
+    compare_and_set_fields,
+    compare_and_set_params,
+    compare_and_set_query,
+    user_from_row,
+)
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, execute, fetch_all, fetch_one, utc
 
+_FIELDS = tuple(f.name for f in attrs.fields(TradingAccount))
 _OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
 _BY_TOKEN = (
     f"SELECT a.*, {_OWNER} FROM trading_accounts a JOIN users u ON u.id = a.user_id"  # noqa: S608 - constant column names
@@ -131,15 +142,17 @@ class PostgresTradingAccountRepository:
         )
         return [account_from_row(r) for r in rows]
 
-    async def save(self, account: TradingAccount) -> None:
-        await execute(
-            self._pool,
-            "UPDATE trading_accounts SET user_id = %(user_id)s, name = %(name)s,"
-            " broker_name = %(broker_name)s, webhook_token_hash = %(webhook_token_hash)s,"
-            " webhook_secret_hash = %(webhook_secret_hash)s, created_at = %(created_at)s,"
-            " max_request_age = %(max_request_age)s, allowed_symbols = %(allowed_symbols)s,"
-            " max_quantity = %(max_quantity)s, credentials_verified = %(credentials_verified)s,"
-            " deleted = %(deleted)s, encrypted_credentials = %(encrypted_credentials)s"
-            " WHERE id = %(id)s",
-            _params(account),
+    async def save(
+        self,
+        account: TradingAccount,
+        *,
+        previous: TradingAccount,
+        guard: Collection[str] = (),
+    ) -> TradingAccount | None:
+        changed, compared = compare_and_set_fields(
+            _FIELDS, account, previous, guard, always=("deleted",)
         )
+        params = compare_and_set_params(_params(account), _params(previous), changed, compared)
+        query = compare_and_set_query("trading_accounts", changed, compared)
+        row = await fetch_one(self._pool, query, params)
+        return None if row is None else account_from_row(row)
