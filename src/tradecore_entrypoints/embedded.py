@@ -48,6 +48,7 @@ from tradecore_adapters.memory.protection import (
     MemoryAlertThrottle,
     MemoryRateLimiter,
     MemoryReplayStore,
+    MemoryWebhookAdmission,
 )
 from tradecore_adapters.memory.repositories import (
     MemoryAllowedIpRepository,
@@ -81,6 +82,7 @@ class EmbeddedSystem:
     audit: MemoryAuditLog
     replay: MemoryReplayStore
     limiter: MemoryRateLimiter
+    admission: MemoryWebhookAdmission  # the webhook's replay claim and rate-limit hit in one
     throttle: MemoryAlertThrottle
     outbox: LoggingOutbox
     mailer: Mailer  # what sends mail: ``outbox`` unless another mailer was given
@@ -153,6 +155,7 @@ def build_embedded(
     accounts = MemoryTradingAccountRepository(users, allowed_ips, orders)
     replay = MemoryReplayStore(clock)
     limiter = MemoryRateLimiter(clock)
+    admission = MemoryWebhookAdmission(replay, limiter)
     throttle = MemoryAlertThrottle(clock)
     outbox = LoggingOutbox()
     directory = MemoryWorkerDirectory(clock)
@@ -172,6 +175,7 @@ def build_embedded(
         allowed_ips=allowed_ips,
         replay=replay,
         limiter=limiter,
+        admission=admission,
         throttle=throttle,
         mailer=mailer,
         queue=queue,
@@ -204,6 +208,7 @@ def build_embedded(
         audit=audit,
         replay=replay,
         limiter=limiter,
+        admission=admission,
         throttle=throttle,
         outbox=outbox,
         mailer=mailer,

@@ -57,6 +57,7 @@ from tradecore_adapters.redis import (
     RedisWorkerDirectory,
     open_connections,
 )
+from tradecore_adapters.redis.protection import RedisWebhookAdmission
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
 from tradecore_entrypoints.wiring import order_flows
 
@@ -137,6 +138,7 @@ class ProductionSystem:
     documents: PostgresDocumentStore
     replay: RedisReplayStore
     limiter: RedisRateLimiter
+    admission: RedisWebhookAdmission  # the webhook's replay claim and rate-limit hit in one
     throttle: RedisAlertThrottle
     outbox: Mailer
     mailer: Mailer
@@ -197,6 +199,7 @@ def build_api_system(
     allowed_ips = PostgresAllowedIpRepository(pool)
     replay = RedisReplayStore(commands)
     limiter = RedisRateLimiter(commands)
+    admission = RedisWebhookAdmission(commands)
     throttle = RedisAlertThrottle(commands)
     outbox: Mailer = mailer or LoggingOutbox()
     queue = RedisOrderQueue(connections.redis)
@@ -211,6 +214,7 @@ def build_api_system(
         allowed_ips=allowed_ips,
         replay=replay,
         limiter=limiter,
+        admission=admission,
         throttle=throttle,
         mailer=outbox,
         queue=queue,
@@ -237,6 +241,7 @@ def build_api_system(
         documents=PostgresDocumentStore(pool),
         replay=replay,
         limiter=limiter,
+        admission=admission,
         throttle=throttle,
         outbox=outbox,
         mailer=outbox,

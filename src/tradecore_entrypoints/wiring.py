@@ -8,7 +8,12 @@ import attrs
 from tradecore.broker import InstrumentDirectory
 from tradecore.ports.identity import Mailer, PasswordHasher
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
-from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore
+from tradecore.ports.protection import (
+    AlertThrottle,
+    RateLimiter,
+    ReplayStore,
+    WebhookAdmission,
+)
 from tradecore.ports.repositories import (
     AllowedIpRepository,
     AuditLog,
@@ -45,6 +50,7 @@ def order_flows(
     allowed_ips: AllowedIpRepository,
     replay: ReplayStore,
     limiter: RateLimiter,
+    admission: WebhookAdmission,
     throttle: AlertThrottle,
     mailer: Mailer,
     queue: OrderQueue,
@@ -61,7 +67,9 @@ def order_flows(
     return OrderFlows(
         events=events,
         provisioning=Provisioning(users, accounts, hasher, clock, random),
-        webhooks=WebhookIntake(accounts, replay, checks, dispatcher, events, clock, settings),
+        webhooks=WebhookIntake(
+            accounts, admission, replay, checks, dispatcher, events, clock, settings
+        ),
         dashboard=DashboardOrders(
             accounts, allowed_ips, checks, dispatcher, events, clock, settings
         ),

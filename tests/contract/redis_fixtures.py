@@ -37,7 +37,7 @@ from tradecore.orders import (
     Source,
 )
 from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, WorkerDirectory
-from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore
+from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
 from tradecore.testing.clock import EPOCH, FakeClock
 from tradecore_adapters.memory.messaging import (
     MemoryFillTaskQueue,
@@ -48,6 +48,7 @@ from tradecore_adapters.memory.protection import (
     MemoryAlertThrottle,
     MemoryRateLimiter,
     MemoryReplayStore,
+    MemoryWebhookAdmission,
 )
 from tradecore_adapters.redis import (
     RedisAlertThrottle,
@@ -61,6 +62,7 @@ from tradecore_adapters.redis import (
     open_connections,
 )
 from tradecore_adapters.redis.messaging import mark_key, response_key
+from tradecore_adapters.redis.protection import RedisWebhookAdmission
 
 __all__ = [
     "SHORT_TTL_S",
@@ -173,6 +175,7 @@ class KvHarness:
     name: str
     replay: ReplayStore
     limiter: RateLimiter
+    admission: WebhookAdmission
     throttle: AlertThrottle
     queue: OrderQueue
     directory: WorkerDirectory
@@ -204,6 +207,7 @@ class MemoryHarness(KvHarness):
         self.clock = FakeClock()
         self.replay: MemoryReplayStore = MemoryReplayStore(self.clock)
         self.limiter = MemoryRateLimiter(self.clock)
+        self.admission = MemoryWebhookAdmission(self.replay, self.limiter)
         self.throttle: MemoryAlertThrottle = MemoryAlertThrottle(self.clock)
         self.directory: MemoryWorkerDirectory = MemoryWorkerDirectory(self.clock)
         self.queue: MemoryOrderQueue = MemoryOrderQueue(self.clock, self.directory)
@@ -253,6 +257,7 @@ class RedisHarness(KvHarness):
         client = connections.commands
         self.replay: RedisReplayStore = RedisReplayStore(client)
         self.limiter = RedisRateLimiter(client)
+        self.admission = RedisWebhookAdmission(client)
         self.throttle: RedisAlertThrottle = RedisAlertThrottle(client)
         self.directory = RedisWorkerDirectory(connections)
         self.queue: RedisOrderQueue = RedisOrderQueue(connections)

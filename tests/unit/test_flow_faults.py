@@ -9,18 +9,19 @@ from support import Trader
 
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.orders import OrderRequest, OrderStatus
+from tradecore.ports.protection import Admission
 from tradecore.services.outcomes import Accepted, Rejected
 
 
 async def test_key_value_store_down_is_503_and_spends_nothing(
     trader: Trader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def down(*args: object) -> bool:
+    async def down(*args: object) -> Admission:
         raise KeyValueStoreUnavailable("redis down")
 
     body = trader.body()
     with monkeypatch.context() as patch:
-        patch.setattr(trader.system.replay, "claim", down)
+        patch.setattr(trader.system.admission, "admit", down)
         outcome = await trader.send(body)
 
     assert isinstance(outcome, Rejected) and outcome.status == 503

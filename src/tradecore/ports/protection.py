@@ -41,6 +41,42 @@ class RateLimiter(Protocol):
         ...
 
 
+@attrs.frozen
+class Admission:
+    """The webhook's replay claim and rate-limit hit, decided together.
+
+    ``fresh`` is False for a replay (the fingerprint was already claimed); ``rate`` is then
+    None, because nothing else was looked at. Otherwise ``rate`` is the limiter's decision, and
+    the fingerprint was claimed exactly when that decision admitted the request (``claimed``).
+    """
+
+    fresh: bool
+    rate: RateDecision | None
+
+    @property
+    def claimed(self) -> bool:
+        """True when this call stored the fingerprint (release it if the request fails)."""
+        return self.fresh and self.rate is not None and self.rate.allowed
+
+
+@runtime_checkable
+class WebhookAdmission(Protocol):
+    """Layer 4 (replay) and the per-user rate limit of the webhook path, as one atomic step
+    over the keys of ``ReplayStore`` and ``RateLimiter`` (so ``ReplayStore.release`` frees a
+    claim made here, and the webhook and dashboard paths share one rate window)."""
+
+    async def admit(
+        self, fingerprint: str, ttl_s: int, user_id: str, limit: int, window_s: float
+    ) -> Admission:
+        """In this order: a fingerprint already claimed is a replay, and nothing is counted or
+        stored; otherwise the request is counted as ``RateLimiter.hit`` counts it; only when
+        the limiter admitted it is the fingerprint claimed as ``ReplayStore.claim`` claims it.
+        So a replay spends no rate-limit slot and a refused request spends no replay key.
+        Raises KeyValueStoreUnavailable (it does not fail open: the replay check cannot be
+        skipped) and ValueError for a negative limit or a non-positive window."""
+        ...
+
+
 @runtime_checkable
 class AlertThrottle(Protocol):
     """At most one attack e-mail per user per period."""

@@ -16,7 +16,7 @@ from tradecore.broker import InstrumentDirectory
 from tradecore.identity import User
 from tradecore.limits import daily_cap_reached, real_orders_allowed, start_of_utc_day
 from tradecore.orders import Source
-from tradecore.ports.protection import RateLimiter
+from tradecore.ports.protection import RateDecision, RateLimiter
 from tradecore.ports.repositories import OrderHistory
 from tradecore.services.outcomes import Rejected
 from tradecore.services.settings import OrderSettings
@@ -49,16 +49,22 @@ class OrderChecks:
         source: Source,
         now: datetime,
         orders_today: int | None = None,
+        rate: RateDecision | None = None,
     ) -> Rejected | None:
         """None when the order may go ahead; otherwise the refusal.
 
         ``orders_today`` is the user's order count since the start of ``now``'s UTC day
         (``OrderHistory.count_since``) when the caller has already read it (the webhook path
-        reads it with the token lookup); without it the count is read here, in its turn."""
+        reads it with the token lookup); without it the count is read here, in its turn.
+        ``rate`` is this request's rate-limit decision when the caller has already counted it
+        against ``settings.rate_limit_per_minute`` and ``rate_window_s`` (the webhook path
+        counts it with its replay claim, ``WebhookAdmission``); without it the limiter is hit
+        here, first."""
         settings = self._settings
-        rate = await self._limiter.hit(
-            user.id, settings.rate_limit_per_minute, settings.rate_window_s
-        )
+        if rate is None:
+            rate = await self._limiter.hit(
+                user.id, settings.rate_limit_per_minute, settings.rate_window_s
+            )
         if not rate.allowed:
             return Rejected(429, "rate_limited", "Too many requests", rate.retry_after_s)
         plan = user.effective_plan(now)

@@ -10,6 +10,10 @@
 5. the additional checks (rate limit, plan, daily cap, credentials, terms, symbol);
 6. the durable intent and the hand-off to the worker (OrderDispatcher).
 
+Layer 4 and the rate-limit hit are one step (``WebhookAdmission``, one round trip to the
+key-value store): a replay spends no rate-limit slot and a request refused by the rate limit
+(429) stores no replay key; the 409 still comes before the 429, the 429 before the rest.
+
 Every request leaves exactly one audit entry; the success entry is written while the worker
 executes the order, and the answer waits for both. A 5xx before the intent is durable releases
 the replay key, so the sender's retry of the same body is not refused as a replay.
@@ -25,7 +29,7 @@ from tradecore.errors import StoreUnavailable
 from tradecore.limits import start_of_utc_day
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import Source
-from tradecore.ports.protection import ReplayStore
+from tradecore.ports.protection import ReplayStore, WebhookAdmission
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.security import (
@@ -63,6 +67,7 @@ class WebhookIntake:
     def __init__(
         self,
         accounts: TradingAccountRepository,
+        admission: WebhookAdmission,
         replay: ReplayStore,
         checks: OrderChecks,
         dispatcher: OrderDispatcher,
@@ -71,6 +76,7 @@ class WebhookIntake:
         settings: OrderSettings,
     ) -> None:
         self._accounts = accounts
+        self._admission = admission
         self._replay = replay
         self._checks = checks
         self._dispatcher = dispatcher
@@ -179,13 +185,16 @@ class WebhookIntake:
             payload.secret,
         )
         ttl = replay_ttl_seconds(now, payload.timestamp, account.max_request_age)
+        settings = self._settings
         try:
-            fresh = await self._replay.claim(fingerprint, ttl)
+            admission = await self._admission.admit(
+                fingerprint, ttl, user.id, settings.rate_limit_per_minute, settings.rate_window_s
+            )
         except StoreUnavailable:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message="key-value store down")
             return UNAVAILABLE
         replay_refusal = Rejected(409, "replay", "Duplicate request")
-        if not fresh:
+        if not admission.fresh:
             await audit(
                 AuditAction.WEBHOOK_REPLAY_ATTACK,
                 False,
@@ -193,7 +202,8 @@ class WebhookIntake:
                 metadata=replay_metadata(account.id, fingerprint),
             )
             return replay_refusal
-        claimed.append(fingerprint)
+        if admission.claimed:
+            claimed.append(fingerprint)
 
         refusal = await self._checks.check(
             user,
@@ -204,6 +214,7 @@ class WebhookIntake:
             source=Source.WEBHOOK,
             now=now,
             orders_today=found.orders_since,
+            rate=admission.rate,
         )
         if refusal is not None:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=refusal.detail)

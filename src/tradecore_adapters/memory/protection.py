@@ -1,4 +1,5 @@
-"""In-memory replay store, rate limiter and alert throttle (one process, one event loop).
+"""In-memory replay store, rate limiter, webhook admission and alert throttle (one process,
+one event loop).
 
 Each operation runs without an ``await`` between its read and its write, so it is atomic with
 respect to every other coroutine on the loop, as the Redis commands and scripts are. Time comes
@@ -12,7 +13,7 @@ import logging
 from datetime import datetime, timedelta
 
 from tradecore.limits import RATE_KEY_TTL_S, admit
-from tradecore.ports.protection import RateDecision
+from tradecore.ports.protection import Admission, RateDecision
 from tradecore.ports.runtime import Clock
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ class MemoryReplayStore:
         self._keys = _ExpiringKeys()
 
     async def claim(self, fingerprint: str, ttl_s: int) -> bool:
+        return self.claim_now(fingerprint, ttl_s)
+
+    def held(self, fingerprint: str) -> bool:
+        """True while the fingerprint is claimed (synchronous, for MemoryWebhookAdmission)."""
+        return self._keys.live(fingerprint, self._clock.now())
+
+    def claim_now(self, fingerprint: str, ttl_s: int) -> bool:
+        """``claim`` without a suspension point (for MemoryWebhookAdmission)."""
         now = self._clock.now()
         if self._keys.live(fingerprint, now):
             return False
@@ -79,24 +88,50 @@ class MemoryRateLimiter:
 
     async def hit(self, user_id: str, limit: int, window_s: float) -> RateDecision:
         try:
-            now_s = self._clock.now().timestamp()
-            entries, expires_at = self._windows.get(user_id, ((), now_s))
-            if expires_at <= now_s:
-                entries = ()
-            decision = admit(entries, now_s, limit, window_s)
-            if decision.allowed:
-                ttl = max(float(RATE_KEY_TTL_S), window_s + 5)
-                self._windows[user_id] = (decision.kept, now_s + ttl)
-            self._sweep(now_s)
-            return RateDecision(decision.allowed, decision.remaining, decision.retry_after_s)
+            return self.hit_now(user_id, limit, window_s)
         except Exception:
             log.exception("rate limiter failed; admitting the request (fail open)")
             return RateDecision(True, max(limit - 1, 0), None)
+
+    def hit_now(self, user_id: str, limit: int, window_s: float) -> RateDecision:
+        """``hit`` without a suspension point and without failing open: raises ValueError on
+        a negative limit or a non-positive window (for MemoryWebhookAdmission)."""
+        now_s = self._clock.now().timestamp()
+        entries, expires_at = self._windows.get(user_id, ((), now_s))
+        if expires_at <= now_s:
+            entries = ()
+        decision = admit(entries, now_s, limit, window_s)
+        if decision.allowed:
+            ttl = max(float(RATE_KEY_TTL_S), window_s + 5)
+            self._windows[user_id] = (decision.kept, now_s + ttl)
+        self._sweep(now_s)
+        return RateDecision(decision.allowed, decision.remaining, decision.retry_after_s)
 
     def _sweep(self, now_s: float) -> None:
         self._hits += 1
         if self._hits % _SWEEP_EVERY == 0:
             self._windows = {u: w for u, w in self._windows.items() if w[1] > now_s}
+
+
+class MemoryWebhookAdmission:
+    """WebhookAdmission over a MemoryReplayStore and a MemoryRateLimiter: the replay check, the
+    hit and the claim run back to back with no ``await`` between them, so the step is atomic on
+    the loop; a claim made here is released by ``replay.release`` and a hit counts in the same
+    window as ``limiter.hit``. Does not fail open."""
+
+    def __init__(self, replay: MemoryReplayStore, limiter: MemoryRateLimiter) -> None:
+        self._replay = replay
+        self._limiter = limiter
+
+    async def admit(
+        self, fingerprint: str, ttl_s: int, user_id: str, limit: int, window_s: float
+    ) -> Admission:
+        if self._replay.held(fingerprint):
+            return Admission(fresh=False, rate=None)
+        rate = self._limiter.hit_now(user_id, limit, window_s)
+        if rate.allowed:
+            self._replay.claim_now(fingerprint, ttl_s)
+        return Admission(fresh=True, rate=rate)
 
 
 class MemoryAlertThrottle:

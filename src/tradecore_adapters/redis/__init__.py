@@ -15,6 +15,7 @@ from tradecore_adapters.redis.protection import (
     RedisAlertThrottle,
     RedisRateLimiter,
     RedisReplayStore,
+    RedisWebhookAdmission,
 )
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "RedisOrderQueue",
     "RedisRateLimiter",
     "RedisReplayStore",
+    "RedisWebhookAdmission",
     "RedisWorkerDirectory",
     "Wakeups",
     "connect",
