@@ -1,9 +1,10 @@
-"""Helpers for flow tests: webhook bodies, request contexts, a provisioned trader."""
+"""Helpers for flow tests: webhook bodies, request contexts, a provisioned trader, a queued
+order row and the request the API pushes for it."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -12,6 +13,14 @@ import attrs
 
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import Plan, User
+from tradecore.orders import (
+    AlertAction,
+    OrderHistoryRecord,
+    OrderRequest,
+    OrderStatus,
+    OrderType,
+    Source,
+)
 from tradecore.services.provisioning import NewAccount
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_entrypoints.embedded import EmbeddedSystem
@@ -100,3 +109,45 @@ async def make_trader(
     )
     account = await system.provisioning.create_account(user, "Main", credentials_verified=verified)
     return Trader(system, user, account)
+
+
+def queued_row(
+    order_id: str, *, user_id: str, account_id: str, created_at: datetime
+) -> OrderHistoryRecord:
+    """A queued order-history row: a real BTCUSDT buy entry of 1 on the paper broker."""
+    return OrderHistoryRecord(
+        id=order_id,
+        user_id=user_id,
+        trading_account_id=account_id,
+        broker_name="paper",
+        symbol="BTCUSDT",
+        action=AlertAction.BUY,
+        quantity=Decimal(1),
+        order_type=OrderType.ENTRY,
+        source=Source.WEBHOOK,
+        simulation=False,
+        status=OrderStatus.QUEUED,
+        created_at=created_at,
+        request_id=f"req-{order_id}",
+    )
+
+
+def request_for(
+    row: OrderHistoryRecord, *, expires_in_s: float = 60.0, broker_name: str | None = "paper"
+) -> OrderRequest:
+    """The request the API pushes for ``row`` (``broker_name`` None: an older API's payload)."""
+    return OrderRequest(
+        request_id=row.request_id,
+        order_id=row.id,
+        user_id=row.user_id,
+        trading_account_id=row.trading_account_id,
+        symbol=row.symbol,
+        action=row.action,
+        order_type=row.order_type,
+        quantity=row.quantity,
+        source=row.source,
+        simulation=row.simulation,
+        created_at=row.created_at,
+        expires_at=row.created_at + timedelta(seconds=expires_in_s),
+        broker_name=broker_name,
+    )

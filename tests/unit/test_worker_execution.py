@@ -9,24 +9,21 @@ idempotent across a process restart.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import attrs
 import pytest
+from support import queued_row, request_for
 
 from tradecore.broker import Broker, BrokerOrder
 from tradecore.errors import BrokerDisconnected
 from tradecore.orders import (
-    AlertAction,
     OrderHistoryRecord,
     OrderRequest,
     OrderStatus,
-    OrderType,
     RejectionCode,
     Side,
-    Source,
 )
 from tradecore.services.worker import FRESH_CLAIM_S, UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock, FakeSleeper
@@ -102,39 +99,10 @@ async def queued(
     broker_name: str | None = "paper",
 ) -> OrderRequest:
     """A queued row and the request the API pushes for it."""
-    await orders.add(
-        OrderHistoryRecord(
-            id=order_id,
-            user_id=USER,
-            trading_account_id=ACCOUNT,
-            broker_name="paper",
-            symbol="BTCUSDT",
-            action=AlertAction.BUY,
-            quantity=Decimal(1),
-            order_type=OrderType.ENTRY,
-            source=Source.WEBHOOK,
-            simulation=False,
-            status=OrderStatus.QUEUED,
-            created_at=EPOCH,
-            request_id=f"req-{order_id}",
-        )
-    )
+    row = queued_row(order_id, user_id=USER, account_id=ACCOUNT, created_at=EPOCH)
+    await orders.add(row)
     orders.gets = orders.transitions = 0
-    return OrderRequest(
-        request_id=f"req-{order_id}",
-        order_id=order_id,
-        user_id=USER,
-        trading_account_id=ACCOUNT,
-        symbol="BTCUSDT",
-        action=AlertAction.BUY,
-        order_type=OrderType.ENTRY,
-        quantity=Decimal(1),
-        source=Source.WEBHOOK,
-        simulation=False,
-        created_at=EPOCH,
-        expires_at=EPOCH + timedelta(seconds=60),
-        broker_name=broker_name,
-    )
+    return request_for(row, broker_name=broker_name)
 
 
 @pytest.fixture

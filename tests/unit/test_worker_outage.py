@@ -12,23 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from support import queued_row, request_for
 
 from tradecore.broker import Broker, BrokerOrder
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable, StoreUnavailable
 from tradecore.orders import (
-    AlertAction,
     OrderHistoryRecord,
     OrderRequest,
     OrderResult,
     OrderStatus,
-    OrderType,
     Side,
-    Source,
 )
 from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
@@ -211,39 +208,9 @@ class World:
 
     async def order(self, order_id: str, *, expires_in_s: float = 60.0) -> OrderRequest:
         """A queued row and the request the API pushes for it (not pushed yet)."""
-        now = self.clock.now()
-        await self.orders.add(
-            OrderHistoryRecord(
-                id=order_id,
-                user_id=USER,
-                trading_account_id=ACCOUNT,
-                broker_name="paper",
-                symbol="BTCUSDT",
-                action=AlertAction.BUY,
-                quantity=Decimal(1),
-                order_type=OrderType.ENTRY,
-                source=Source.WEBHOOK,
-                simulation=False,
-                status=OrderStatus.QUEUED,
-                created_at=now,
-                request_id=f"req-{order_id}",
-            )
-        )
-        return OrderRequest(
-            request_id=f"req-{order_id}",
-            order_id=order_id,
-            user_id=USER,
-            trading_account_id=ACCOUNT,
-            symbol="BTCUSDT",
-            action=AlertAction.BUY,
-            order_type=OrderType.ENTRY,
-            quantity=Decimal(1),
-            source=Source.WEBHOOK,
-            simulation=False,
-            created_at=now,
-            expires_at=now + timedelta(seconds=expires_in_s),
-            broker_name="paper",
-        )
+        row = queued_row(order_id, user_id=USER, account_id=ACCOUNT, created_at=self.clock.now())
+        await self.orders.add(row)
+        return request_for(row, expires_in_s=expires_in_s)
 
     async def submit(self, request: OrderRequest) -> OrderResult | None:
         """Push the request and wait (briefly, in real time) for its reply."""
