@@ -3,7 +3,8 @@
 What a user depends on: while a store is down, an order path answers 503 and acknowledges
 nothing (no order is executed behind a 5xx), login answers 503 rather than a wrong 401, and
 once the store is back the same requests succeed without restarting anything; an order a
-worker was executing when Postgres went away is completed, once, when it is back.
+worker was executing when Postgres went away is completed, once, when it is back; a worker
+waiting for its user's next order when Redis went away is still serving when it is back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.faults
 
 PROBLEM = "application/problem+json"
 OUTAGE_WARNING = "retrying until the store is back"
+TAKE_OUTAGE_WARNING = "taking a request interrupted"
 
 
 def unavailable(reply: Reply) -> bool:
@@ -67,6 +69,46 @@ async def test_redis_stopped_gives_503_on_order_paths_and_orders_resume_when_it_
     await stack.executed(await api.dashboard_order(token, account))
     assert await api.ready_status() == 200
     assert len(await stack.db.broker_orders(account.trading_account_id)) == 3
+
+
+async def test_redis_restarted_with_its_data_is_waited_out_by_an_active_worker_which_serves_on(
+    stack: Stack,
+) -> None:
+    """The worker waits for the user's next order when Redis goes away; it backs off and keeps
+    its lease, and Redis comes back with its data (a restart with persistence), lease included.
+    The user's next order is then served at once - not after that lease ran out and the host's
+    sweep started a new worker for a dead one."""
+    api, worker, account = await asyncio.gather(stack.api(), stack.worker(), stack.new_account())
+    before = await api.webhook(account, webhook_body(account))
+    assert before.status == 200, before  # the user's worker is active
+
+    def snapshot() -> None:
+        client = stack.redis.client()
+        try:
+            client.save()
+        finally:
+            client.close()
+
+    await asyncio.to_thread(snapshot)
+    await asyncio.to_thread(stack.redis.kill)
+
+    async def interrupted() -> bool:
+        return TAKE_OUTAGE_WARNING in worker.output()
+
+    await eventually(interrupted, "the worker to meet the outage", diagnose=stack.logs)
+    await asyncio.sleep(1.0)  # down across several retries
+    await asyncio.to_thread(stack.redis.start)  # loads the snapshot
+
+    reply = await api.webhook(account, webhook_body(account))
+    assert reply.status in (200, 202), reply
+    # Served by the surviving worker within seconds; the lease it kept lives ~25 s more, so a
+    # dead worker's user would wait that long for the sweep.
+    await stack.order_reaches(reply.body["order_id"], "filled", timeout_s=6.0)
+    output = worker.output()
+    assert output.count(TAKE_OUTAGE_WARNING) == 1, output  # one warning for the outage
+    assert "stopped on an error" not in output, output  # its task never died
+    assert "has requests but no worker" not in output, output  # so no sweep restarted it
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 2
 
 
 async def test_the_rate_limiter_admits_while_its_redis_is_stopped(stack: Stack) -> None:

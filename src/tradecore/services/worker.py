@@ -18,16 +18,24 @@ Execution of a request is crash-safe and idempotent:
    as ``fresh``: the broker may skip looking for earlier placements, since placing only
    follows a claim and one claim wins.
 4. The outcome is written with ``submitted -> <status>``, and a fill check is scheduled on
-   order-tasks 2-3 s later whenever a broker order was placed.
+   order-tasks 2-3 s later whenever a broker order was placed. ``execute`` returns only once
+   that task was sent (it raises ``StoreUnavailable`` otherwise), so the worker host completes
+   the request only after it. A row found settled (a retry after the outcome write committed
+   but its answer was lost, a recovery after a crash right after that write, a duplicate
+   delivery) gets its fill check scheduled again when it has broker orders: the call that
+   settled it may have ended before scheduling it. A duplicate check is harmless: the fill
+   verifier writes only what differs from the row (nothing, once a check recorded the fill)
+   and settles its own message.
 
 A dropped broker connection is re-opened up to 3 times (specification: "automatic reconnect,
 up to 3 retries") before the order fails with ``broker_unavailable``.
 
-A store that cannot be reached (the order history, or the books a broker keeps in it) makes
-``execute`` raise ``StoreUnavailable`` and returns no result; calling it again with the same
-request is safe (the worker host does, after a backoff). A row the interrupted call had claimed
-is found ``submitted`` and reconciled as in 3 (its steps are not fresh); a row still ``queued``
-is claimed by the new call, which sends its steps as fresh only if it wins that claim.
+A store that cannot be reached (the order history, the books a broker keeps in it, or the
+order-tasks queue) makes ``execute`` raise ``StoreUnavailable`` and returns no result; calling
+it again with the same request is safe (the worker host does, after a backoff). A row the
+interrupted call had claimed is found ``submitted`` and reconciled as in 3 (its steps are not
+fresh); a row still ``queued`` is claimed by the new call, which sends its steps as fresh only
+if it wins that claim; a row it had settled is found settled, as in 4.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import attrs
 
 from tradecore import reversal
 from tradecore.broker import Broker, BrokerFactory, BrokerOrder
-from tradecore.errors import BrokerDisconnected, StoreUnavailable
+from tradecore.errors import BrokerDisconnected
 from tradecore.fills import first_check_delay
 from tradecore.orders import (
     OrderError,
@@ -131,7 +139,7 @@ class UserWorker:
                 return await self._current(row)
             return await self._proceed(claimed, started)
         if row.status is not OrderStatus.SUBMITTED:
-            return row.to_result()  # already settled: a duplicate delivery
+            return await self._settled(row)  # a duplicate delivery, a retry or a recovery
         return await self._run(row, fresh=False)  # recovered: earlier placements may exist
 
     async def check_order_status(self, row: OrderHistoryRecord) -> BrokerOrder | None:
@@ -203,7 +211,7 @@ class UserWorker:
                 {OrderStatus.SUBMITTED},
                 {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
             )
-            return (failed or row).to_result()
+            return failed.to_result() if failed is not None else await self._current(row)
         broker_order_id = outcome.broker_refs[-1] if outcome.broker_refs else None
         now = self._clock.now()
         updated = await self._orders.transition(
@@ -225,20 +233,30 @@ class UserWorker:
         )
         if updated is None:
             return await self._current(row)
-        if outcome.main_client_order_id is not None and outcome.broker_refs:
+        if _placed(updated):
             await self._schedule_fill_check(updated)
         return updated.to_result()
 
+    async def _settled(self, row: OrderHistoryRecord) -> OrderResult:
+        """The result of ``row``, found settled by this call. Schedules its fill check when it
+        has broker orders, since whoever settled it may not have (module doc, 4). Raises
+        ``StoreUnavailable`` when the task could not be sent."""
+        if _placed(row):
+            await self._schedule_fill_check(row)
+        return row.to_result()
+
     async def _schedule_fill_check(self, row: OrderHistoryRecord) -> None:
+        """Send the row's first fill check. Raises ``StoreUnavailable`` when it could not be
+        sent (a send whose answer was lost may still have arrived: a duplicate is harmless)."""
         task = FillTask(row.id, row.user_id, row.trading_account_id)
-        try:
-            await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(row.id)))
-        except StoreUnavailable:
-            log.error("fill check of order %s could not be scheduled", row.id)
+        await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(row.id)))
 
     async def _current(self, row: OrderHistoryRecord) -> OrderResult:
-        latest = await self._orders.get(row.id)
-        return (latest or row).to_result()
+        """The result of ``row`` as another call left it (through ``_settled`` once settled)."""
+        latest = await self._orders.get(row.id) or row
+        if latest.status in _UNSETTLED:
+            return latest.to_result()
+        return await self._settled(latest)
 
     async def _call(self, route: _Route, call: Callable[[Broker], Awaitable[T]]) -> T:
         """Run ``call`` on the route's broker connection, opening it first if needed and
@@ -264,6 +282,14 @@ class UserWorker:
                     raise
                 log.warning("broker disconnected (user %s); reconnecting", self.user_id)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+_UNSETTLED = frozenset({OrderStatus.QUEUED, OrderStatus.SUBMITTED})
+
+
+def _placed(row: OrderHistoryRecord) -> bool:
+    """The settled row has broker orders: it gets a fill check."""
+    return row.client_order_id is not None and bool(row.broker_refs)
 
 
 def _broker_unavailable() -> OrderError:

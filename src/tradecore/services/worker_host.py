@@ -41,6 +41,19 @@ heartbeat keeps it. Before each retry it stops, leaving the request in flight fo
 holder, when the heartbeat found the lease lost or has not renewed it for a whole time to
 live. One warning is logged when an outage begins for a request, none per retry.
 
+A worker meets a key-value store outage elsewhere in its loop too: taking its lease, listing
+the requests left in flight, taking the next request, renewing or retiring its lease. Each
+such call is retried in place in the same way (same backoff; a warning when the outage begins,
+a debug line per retry, an info line once the call went through), under the same rule:
+before each retry the worker makes sure it keeps its lease (the heartbeat has not found it
+lost, and a renewal, the heartbeat's or its own, went through less than a time to live ago);
+once the lease is lost or lapsed it stops, releasing nothing and leaving its requests in
+Redis for the next holder (before its lease is taken there is nothing to lose: it tries
+until the store is back). A take whose answer was
+lost may have moved a request to the in-flight list, so after an interrupted take the worker
+executes what that list holds before it takes another request. The host's control loop
+(sweep, heartbeat, start requests) backs off through an outage the same way and logs it once.
+
 Fill checks for a user go through this host's worker object for the user, serialized with
 its orders.
 """
@@ -51,8 +64,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import attrs
 
@@ -65,13 +79,14 @@ from tradecore.services.worker import UserWorker
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 DEFAULT_IDLE_TIMEOUT_S = 12 * 3600.0
 DEFAULT_MARK_TTL_S = 30.0
-RESTART_DELAY_S = 1.0
 OUTAGE_BACKOFF_S = 0.1
 OUTAGE_BACKOFF_MAX_S = 2.0
-"""The wait before the first retry of a request a store outage interrupted, and the cap of
-its doubling."""
+"""The wait before the first retry of a call a store outage interrupted, and the cap of its
+doubling (a worker's calls and the control loop's)."""
 
 
 @attrs.frozen
@@ -97,6 +112,10 @@ class _Slot:
     token: int | None = None  # the lease the task serves under
     renewed_at: datetime | None = None  # when its last renewal was sent
     lost: bool = False  # a renewal failed: take nothing more
+
+
+class _LeaseGone(Exception):
+    """The worker's lease was lost or lapsed while it waited out a store outage."""
 
 
 class WorkerHost:
@@ -206,9 +225,14 @@ class WorkerHost:
         return slot
 
     async def _consume_control(self) -> None:
+        """Sweep, heartbeat and start requests, in a loop. A failure (an outage) is retried
+        after a backoff (``OUTAGE_BACKOFF_S`` doubling up to ``OUTAGE_BACKOFF_MAX_S``) and
+        logged once: a warning when it begins, a debug line per retry, an info line after."""
         settings = self._settings
         wait_s = min(settings.poll_s, settings.sweep_s, settings.mark_ttl_s / 6)
         last_sweep: datetime | None = None
+        retries = 0
+        delay = OUTAGE_BACKOFF_S
         while True:
             try:
                 if last_sweep is None or self._seconds_since(last_sweep) >= settings.sweep_s:
@@ -218,10 +242,20 @@ class WorkerHost:
                 user_id = await self._directory.next_start_request(wait_s)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("worker-control unreachable; retrying")
-                await self._sleeper.sleep(RESTART_DELAY_S)
+            except Exception as e:
+                if retries:
+                    log.debug("worker-control still unreachable (%s)", e)
+                elif isinstance(e, StoreUnavailable):
+                    log.warning("worker-control unreachable (%s); retrying", e)
+                else:
+                    log.exception("worker-control failed; retrying")
+                retries += 1
+                await self._sleeper.sleep(delay)
+                delay = min(delay * 2, OUTAGE_BACKOFF_MAX_S)
                 continue
+            if retries:
+                log.info("worker-control reachable again after %d retries", retries)
+                retries, delay = 0, OUTAGE_BACKOFF_S
             if user_id is not None:
                 self.activate(user_id)
 
@@ -268,45 +302,40 @@ class WorkerHost:
         token: int | None = None
         ended = False  # the lease was never ours, is lost, or was retired: nothing to release
         try:
-            token = await self._directory.acquire(user_id, self._holder, settings.mark_ttl_s)
+            token = await self._acquire(user_id, slot)
             if token is None:
                 log.debug("user %s is served by another host", user_id)
                 ended = True
                 return
-            slot.token, slot.renewed_at = token, self._clock.now()
+            assert slot.renewed_at is not None
             last_activity = slot.renewed_at
-            stranded = deque(await self._queue.in_flight(user_id))
+            stranded = deque(await self._recover(user_id, slot))
             while True:
                 if slot.lost:
                     ended = True
                     return
                 assert slot.renewed_at is not None
-                if self._seconds_since(slot.renewed_at) >= settings.mark_ttl_s / 3:
-                    if not await self._renew(user_id, token):
-                        ended = True
-                        return
-                    slot.renewed_at = self._clock.now()
-                request: OrderRequest | None
-                if stranded:
-                    request = stranded.popleft()
-                    log.warning("recovering order %s of user %s", request.order_id, user_id)
-                else:
-                    request = await self._queue.take(user_id, settings.poll_s)
+                renewal_due = self._seconds_since(slot.renewed_at) >= settings.mark_ttl_s / 3
+                if renewal_due and not await self._renew(user_id, slot, token):
+                    ended = True
+                    return
+                if not stranded:
+                    stranded.extend(await self._take(user_id, slot))
+                request = stranded.popleft() if stranded else None
                 if request is not None:
-                    if not await self._execute(user_id, slot, request):
-                        ended = True  # the lease was lost during a store outage
-                        return
+                    await self._execute(user_id, slot, request)
                     last_activity = self._clock.now()
                 elif self._seconds_since(last_activity) >= settings.idle_timeout_s:
-                    if await self._directory.retire(user_id, token):
+                    if await self._retire(user_id, slot, token):
                         ended = True
                         return
                     # Refused: a request waits, or the lease is no longer ours; a renewal
                     # tells which before anything else is taken.
-                    if not await self._renew(user_id, token):
+                    if not await self._renew(user_id, slot, token):
                         ended = True
                         return
-                    slot.renewed_at = self._clock.now()
+        except _LeaseGone:
+            ended = True  # not ours any more: everything stays for the next holder
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -319,64 +348,160 @@ class WorkerHost:
             elif token is not None and not slot.lost:
                 # a lost lease is not ours to release: after a key-value store flush the
                 # replacement may hold the same holder name and token
-                with contextlib.suppress(Exception):
+                try:
                     await self._directory.release(user_id, token)
+                except Exception as e:
+                    log.warning(
+                        "worker of user %s could not release its lease (%s); it lapses in %g s",
+                        user_id,
+                        e,
+                        settings.mark_ttl_s,
+                    )
 
-    async def _renew(self, user_id: str, token: int) -> bool:
-        """Renew the lease; False (with a warning) when it is lost."""
-        if await self._directory.renew(user_id, token, self._settings.mark_ttl_s):
+    async def _acquire(self, user_id: str, slot: _Slot) -> int | None:
+        """Take the user's lease for this host, through outages (``_outlast``: with no lease
+        yet, until the store is back); its token, recorded on ``slot`` with the time the call
+        that got it was sent; None when another holder has the lease."""
+        sent = self._clock.now()
+
+        async def acquire() -> int | None:
+            nonlocal sent
+            sent = self._clock.now()
+            return await self._directory.acquire(user_id, self._holder, self._settings.mark_ttl_s)
+
+        token = await self._outlast(user_id, slot, "taking its lease", acquire)
+        if token is not None:
+            slot.token, slot.renewed_at = token, sent
+        return token
+
+    async def _renew(self, user_id: str, slot: _Slot, token: int) -> bool:
+        """Renew the lease through outages, recording when the call that renewed it was sent;
+        False (with a warning) when it is lost. Raises ``_LeaseGone`` (see ``_outlast``)."""
+        sent = self._clock.now()
+
+        async def renew() -> bool:
+            nonlocal sent
+            sent = self._clock.now()
+            return await self._directory.renew(user_id, token, self._settings.mark_ttl_s)
+
+        if await self._outlast(user_id, slot, "renewing its lease", renew):
+            if slot.renewed_at is None or slot.renewed_at < sent:
+                slot.renewed_at = sent
             return True
         log.warning("worker of user %s lost its lease (token %d); stopping", user_id, token)
         return False
 
+    async def _recover(self, user_id: str, slot: _Slot) -> list[OrderRequest]:
+        """The user's in-flight requests (a crashed worker's), through outages."""
+
+        async def in_flight() -> list[OrderRequest]:
+            return await self._queue.in_flight(user_id)
+
+        stranded = await self._outlast(user_id, slot, "listing its requests in flight", in_flight)
+        for request in stranded:
+            log.warning("recovering order %s of user %s", request.order_id, user_id)
+        return stranded
+
+    async def _take(self, user_id: str, slot: _Slot) -> list[OrderRequest]:
+        """The user's next request ([] when none came within ``poll_s``), through outages.
+        After an interrupted take, the in-flight list first: a take whose answer was lost
+        may have moved a request there, and it is executed before any other. (Nothing else
+        of this worker is in flight: it completes each request before it takes the next.)"""
+        interrupted = recovered = False
+
+        async def take() -> list[OrderRequest]:
+            nonlocal interrupted, recovered
+            if interrupted:
+                stranded = await self._queue.in_flight(user_id)
+                if stranded:
+                    recovered = True
+                    return stranded
+            interrupted = True
+            request = await self._queue.take(user_id, self._settings.poll_s)
+            interrupted = False
+            return [] if request is None else [request]
+
+        taken = await self._outlast(user_id, slot, "taking a request", take)
+        if recovered:
+            for request in taken:
+                log.warning(
+                    "recovering order %s of user %s (in flight after the outage)",
+                    request.order_id,
+                    user_id,
+                )
+        return taken
+
+    async def _retire(self, user_id: str, slot: _Slot, token: int) -> bool:
+        """``WorkerDirectory.retire`` through outages (see ``_outlast``)."""
+
+        async def retire() -> bool:
+            return await self._directory.retire(user_id, token)
+
+        return await self._outlast(user_id, slot, "retiring", retire)
+
     def _seconds_since(self, since: datetime) -> float:
         return (self._clock.now() - since).total_seconds()
 
-    async def _execute(self, user_id: str, slot: _Slot, request: OrderRequest) -> bool:
-        """Execute ``request`` and publish its result, retrying through store outages (see the
-        module doc). True once the result is published; False when the lease was lost before
-        that: the request is left in flight for the next holder."""
+    async def _execute(self, user_id: str, slot: _Slot, request: OrderRequest) -> None:
+        """Execute ``request`` and publish its result, through store outages (see the module
+        doc): once it has the result, only the publication is tried again. Raises
+        ``_LeaseGone`` when the lease was lost before the result was published: the request
+        is left in flight for the next holder."""
         result: OrderResult | None = None
+
+        async def execute_and_complete() -> None:
+            nonlocal result
+            if result is None:
+                async with slot.lock:
+                    result = await slot.worker.execute(request)
+            await self._queue.complete(request, result)
+
+        await self._outlast(user_id, slot, f"order {request.order_id}", execute_and_complete)
+
+    async def _outlast(
+        self, user_id: str, slot: _Slot, what: str, call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``call()``'s value, calling again after a backoff (``OUTAGE_BACKOFF_S`` doubling up
+        to ``OUTAGE_BACKOFF_MAX_S``) while it raises ``StoreUnavailable``. Before each retry,
+        once the slot holds a lease, it makes sure the worker still keeps it
+        (``_lease_kept``); raises ``_LeaseGone`` when not, trying nothing more. One warning
+        when the outage begins, a debug line per retry, an info line once the call went
+        through."""
         delay = OUTAGE_BACKOFF_S
         retries = 0
         while True:
             try:
-                if result is None:
-                    async with slot.lock:
-                        result = await slot.worker.execute(request)
-                await self._queue.complete(request, result)
+                value = await call()
             except StoreUnavailable as e:
                 if retries == 0:
                     log.warning(
-                        "order %s of user %s interrupted (%s); retrying until the store is back",
-                        request.order_id,
+                        "worker of user %s: %s interrupted (%s); retrying until the store is back",
                         user_id,
+                        what,
                         e,
                     )
                 else:
-                    log.debug(
-                        "order %s of user %s: still unavailable (%s)", request.order_id, user_id, e
-                    )
+                    log.debug("worker of user %s: %s still unavailable (%s)", user_id, what, e)
             else:
                 if retries:
                     log.info(
-                        "order %s of user %s went through after %d retries",
-                        request.order_id,
+                        "worker of user %s: %s went through after %d retries",
                         user_id,
+                        what,
                         retries,
                     )
-                return True
+                return value
             retries += 1
             await self._sleeper.sleep(delay)
             delay = min(delay * 2, OUTAGE_BACKOFF_MAX_S)
-            if not self._lease_kept(slot):
+            if slot.token is not None and not self._lease_kept(slot):
                 log.warning(
-                    "worker of user %s lost its lease during a store outage; order %s is left"
-                    " to the next holder",
+                    "worker of user %s lost its lease during a store outage (%s); stopping,"
+                    " its requests are left to the next holder",
                     user_id,
-                    request.order_id,
+                    what,
                 )
-                return False
+                raise _LeaseGone
 
     def _lease_kept(self, slot: _Slot) -> bool:
         """Whether the worker may go on serving: the heartbeat has not found its lease lost
