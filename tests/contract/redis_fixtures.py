@@ -180,7 +180,9 @@ class KvHarness:
     queue: OrderQueue
     directory: WorkerDirectory
 
-    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
+    def tasks(
+        self, visibility_timeout_s: float = 180.0, dedup_window_s: float = 300.0
+    ) -> FillTaskQueue:
         raise NotImplementedError
 
     async def ttl_s(self, kind: Kind, ident: str) -> float | None:
@@ -213,8 +215,10 @@ class MemoryHarness(KvHarness):
         self.queue: MemoryOrderQueue = MemoryOrderQueue(self.clock, self.directory)
         self.directory.attach_queue(self.queue)
 
-    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
-        return MemoryFillTaskQueue(self.clock, visibility_timeout_s)
+    def tasks(
+        self, visibility_timeout_s: float = 180.0, dedup_window_s: float = 300.0
+    ) -> FillTaskQueue:
+        return MemoryFillTaskQueue(self.clock, visibility_timeout_s, dedup_window_s)
 
     async def ttl_s(self, kind: Kind, ident: str) -> float | None:
         # The memory adapters expose no TTL; read their expiry times (read-only).
@@ -263,8 +267,12 @@ class RedisHarness(KvHarness):
         self.queue: RedisOrderQueue = RedisOrderQueue(connections)
         self._task_queues: list[RedisFillTaskQueue] = []
 
-    def tasks(self, visibility_timeout_s: float = 180.0) -> FillTaskQueue:
-        tasks = RedisFillTaskQueue(self.connections.commands, visibility_timeout_s)
+    def tasks(
+        self, visibility_timeout_s: float = 180.0, dedup_window_s: float = 300.0
+    ) -> FillTaskQueue:
+        tasks = RedisFillTaskQueue(
+            self.connections.commands, visibility_timeout_s, dedup_window_s=dedup_window_s
+        )
         self._task_queues.append(tasks)
         return tasks
 

@@ -248,3 +248,55 @@ async def test_receive_counts_grow_with_each_delivery(kv: KvHarness) -> None:
         counts.append(delivery.receive_count)
         await tasks.retry(delivery, 0)
     assert counts == [1, 2, 3, 4]
+
+
+# --- Deduplication by order id (SQS FIFO's MessageDeduplicationId) --------------------------
+
+
+async def test_a_second_send_of_an_order_within_the_window_stores_nothing(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o1"), 0)
+    first = await received(tasks)
+    assert (first.task, first.receive_count) == (fill_task("o1"), 1)
+    await tasks.ack(first)
+    await tasks.send(fill_task("o1"), 0)  # settled, but still within the window
+    assert await tasks.receive(0) is None
+    assert await tasks.dead_letters() == []
+
+
+async def test_a_resend_does_not_touch_the_message_in_flight(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    first = await received(tasks)
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.retry(first, 0)  # a retry is not a send: it is never deduplicated
+    again = await received(tasks)
+    assert (again.task, again.receive_count) == (fill_task("o1"), 2)
+    await tasks.ack(again)
+    assert await tasks.receive(0) is None
+
+
+async def test_a_send_after_the_window_is_delivered(kv: KvHarness) -> None:
+    tasks = kv.tasks(dedup_window_s=SETTLE_S)
+    await tasks.send(fill_task("o1"), 0)
+    first = await received(tasks)
+    await tasks.ack(first)
+    await kv.pass_time(SHORT_S)  # well past the window
+    await tasks.send(fill_task("o1"), 0)
+    again = await received(tasks)
+    assert (again.task, again.receive_count) == (fill_task("o1"), 1)
+    assert again.receipt != first.receipt  # a new message
+
+
+async def test_deduplication_is_by_order_only(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    await tasks.send(fill_task("p1", "u2"), 0)
+    await tasks.send(fill_task("o1", "u2"), 0)  # same order id, other group: still a duplicate
+    order = []
+    while (delivery := await tasks.receive(0)) is not None:
+        order.append(delivery.task)
+        await tasks.ack(delivery)
+    assert order == [fill_task("o1"), fill_task("o2"), fill_task("p1", "u2")]

@@ -180,12 +180,14 @@ async def test_keys_are_named_as_the_specification_says(
         "trading:user:u1:processing",
         "trading:response:r1",
         "order-tasks.fifo:dead",
+        "order-tasks.fifo:dedup:o1",
     } <= keys
     assert "trading:user:u1:requests" not in keys  # emptied lists vanish
     assert await client.type("ratelimit:u1") == "zset"
     assert await client.type("trading:response:r1") == "list"
     assert await client.get("worker:active:u1") == "host-a:12:x:1"  # "{holder}:{token}"
     assert await client.get("worker:fence:u1") == "1"
+    assert 299_000 < await client.pttl("order-tasks.fifo:dedup:o1") <= 300_000  # SQS's 5 min
 
 
 @pytest.mark.redis

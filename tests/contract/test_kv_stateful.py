@@ -213,7 +213,9 @@ class SideBySide(RuleBasedStateMachine):
 
 class FifoSideBySide(RuleBasedStateMachine):
     """The order-tasks queue on both technologies. Delays are 0 or an hour, so nothing
-    becomes visible or times out by the clock during a run."""
+    becomes visible or times out by the clock during a run, and no deduplication window
+    (5 min) ends: the model is that every order's first send makes its one message, so no
+    order is ever delivered with a ``receive_count`` of 1 twice."""
 
     url: ClassVar[str] = ""
 
@@ -226,6 +228,7 @@ class FifoSideBySide(RuleBasedStateMachine):
         self.redis = RedisHarness(self.connections).tasks()
         self.sent = 0
         self.deliveries: list[FillDelivery] = []
+        self.first_deliveries: set[str] = set()  # order ids delivered with receive_count 1
 
     def both(self, op: Callable[[FillTaskQueue], Awaitable[T]]) -> T:
         async def call(queue: FillTaskQueue) -> T:
@@ -252,11 +255,21 @@ class FifoSideBySide(RuleBasedStateMachine):
         task = fill_task(f"o{self.sent}", user)
         self.both(lambda q: q.send(task, delay))
 
+    @rule(user=USERS, pick=PICK, delay=DELAYS)
+    def send_again(self, user: str, pick: int, delay: float) -> None:
+        """A repeated send of an order already sent: deduplicated, whatever its group."""
+        if self.sent:
+            task = fill_task(f"o{pick % self.sent + 1}", user)
+            self.both(lambda q: q.send(task, delay))
+
     @rule()
     def receive(self) -> None:
         delivery = self.both(lambda q: q.receive(0))
         if delivery is not None:
             self.deliveries.append(delivery)
+            if delivery.receive_count == 1:
+                assert delivery.task.order_id not in self.first_deliveries, "sent twice"
+                self.first_deliveries.add(delivery.task.order_id)
 
     @rule(pick=PICK)
     def ack(self, pick: int) -> None:

@@ -143,10 +143,18 @@ class FillTaskQueue(Protocol):
     A received message is invisible for the visibility timeout (180 s) unless acknowledged or
     re-scheduled; a group with an invisible message delivers nothing else until it is settled,
     so the checks of one user run in sequence.
+
+    Sends are deduplicated by order id, as an SQS FIFO queue deduplicates by
+    MessageDeduplicationId: within the deduplication window (5 minutes) after a send of an
+    order's task, another send of a task of that order is accepted and does nothing, whether
+    the first message is still queued, in flight or already settled. ``retry`` and
+    redeliveries after the visibility timeout are not sends and are never deduplicated.
     """
 
     async def send(self, task: FillTask, delay_s: float) -> None:
-        """Enqueue ``task``, visible after ``delay_s`` seconds."""
+        """Enqueue ``task``, visible after ``delay_s`` seconds; do nothing (and succeed) when a
+        task of the same ``order_id`` was sent within the deduplication window. A send whose
+        answer was lost may be repeated safely."""
         ...
 
     async def receive(self, timeout_s: float) -> FillDelivery | None:

@@ -247,7 +247,9 @@ class UserWorker:
 
     async def _schedule_fill_check(self, row: OrderHistoryRecord) -> None:
         """Send the row's first fill check. Raises ``StoreUnavailable`` when it could not be
-        sent (a send whose answer was lost may still have arrived: a duplicate is harmless)."""
+        sent. A repeated send for the same order (a send whose answer was lost, or a retry or
+        recovery that finds the row settled) is deduplicated by the queue by order id, within
+        its deduplication window, so the order gets one check series."""
         task = FillTask(row.id, row.user_id, row.trading_account_id)
         await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(row.id)))
 

@@ -298,6 +298,10 @@ class _Message:
         return f"{self.id}.{self.receive_count}"
 
 
+DEDUP_WINDOW_S = 300.0
+"""How long a sent order's task deduplicates further sends of that order (SQS FIFO's window)."""
+
+
 class MemoryFillTaskQueue:
     """FillTaskQueue: the order-tasks FIFO queue with message groups (group = user id).
 
@@ -306,18 +310,28 @@ class MemoryFillTaskQueue:
     visibility timeout is released and delivered again with a higher ``receive_count``. A
     settle call (``ack``, ``retry``, ``dead_letter``) for a delivery that was already settled
     or superseded by a later delivery of the same message does nothing; until then it is
-    honoured even past the visibility timeout, as SQS receipt handles are.
+    honoured even past the visibility timeout, as SQS receipt handles are. A send of an order
+    already sent within ``dedup_window_s`` (by the clock) does nothing.
     """
 
-    def __init__(self, clock: Clock, visibility_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        visibility_timeout_s: float = 180.0,
+        dedup_window_s: float = DEDUP_WINDOW_S,
+    ) -> None:
         self._clock = clock
         self._visibility = timedelta(seconds=visibility_timeout_s)
+        self._dedup_window = timedelta(seconds=dedup_window_s)
         self._messages: dict[int, _Message] = {}  # send order
+        self._sent: dict[str, datetime] = {}  # order id -> end of its window, oldest first
         self._dead: list[tuple[FillTask, str]] = []
         self._ids = itertools.count(1)
         self._bell = _Doorbell()
 
     async def send(self, task: FillTask, delay_s: float) -> None:
+        if not self._claim_send(task.order_id):
+            return
         message = _Message(next(self._ids), task, self._after(delay_s))
         self._messages[message.id] = message
         self._bell.ring(_ANY)
@@ -350,6 +364,21 @@ class MemoryFillTaskQueue:
 
     def _after(self, delay_s: float) -> datetime:
         return self._clock.now() + timedelta(seconds=max(0.0, delay_s))
+
+    def _claim_send(self, order_id: str) -> bool:
+        """Open the order's deduplication window; False when one is open already."""
+        now = self._clock.now()
+        while self._sent:  # windows end in insertion order: drop the ended ones
+            oldest, oldest_ends_at = next(iter(self._sent.items()))
+            if oldest_ends_at > now:
+                break
+            del self._sent[oldest]
+        ends_at = self._sent.get(order_id)
+        if ends_at is not None and ends_at > now:
+            return False
+        self._sent.pop(order_id, None)  # re-inserted last, in window order
+        self._sent[order_id] = now + self._dedup_window
+        return True
 
     def _current(self, delivery: FillDelivery) -> _Message | None:
         """The message ``delivery`` received, unless it was settled or delivered again since."""

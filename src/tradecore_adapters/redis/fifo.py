@@ -17,7 +17,10 @@ Keys, under the prefix ``order-tasks.fifo`` (P):
 * ``P:busy`` - a hash, group -> the id in flight;
 * ``P`` itself - a sorted set, group -> its oldest visible id, for groups with nothing in flight
   (the queue head: the lowest score is the next delivery);
-* ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}}`` oldest first.
+* ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}}`` oldest first;
+* ``P:dedup:{order_id}`` - set (NX) by a send, living for the deduplication window (300 s by
+  default): while it exists, a send of the same order stores nothing (SQS FIFO's
+  deduplication by MessageDeduplicationId, here the order id).
 
 A receiver with nothing to take waits without polling: until the next timer is due (the
 receive script tells when), or until a wake-up on the channel ``P:wakeups``, which the other
@@ -51,6 +54,8 @@ _TIMER_SLACK_S = 0.001
 """Added to a wait for a timer, so the look after it finds the timer due."""
 _TIMER_BATCH = 500
 """Timers processed per receive; a larger backlog is worked off over the next receives."""
+DEDUP_WINDOW_S = 300.0
+"""How long a sent order's task deduplicates further sends of that order (SQS FIFO's window)."""
 
 _COMMON = """
 local P = ARGV[1]
@@ -107,10 +112,12 @@ local function current(receipt)
 end
 """
 
-# ARGV: prefix, body, group, delay (us). Returns the id.
+# ARGV: prefix, body, group, delay (us), order id, deduplication window (ms). Returns the id,
+# or '' when the order was sent within the window (nothing stored).
 _SEND = (
     _COMMON
     + """
+if not redis.call('SET', P .. ':dedup:' .. ARGV[5], '1', 'NX', 'PX', ARGV[6]) then return '' end
 local now = now_us()
 local was_ready = redis.call('ZCARD', READY) > 0
 local id = tostring(redis.call('INCR', P .. ':seq'))
@@ -217,7 +224,8 @@ class RedisFillTaskQueue:
 
     ``receive`` waits, when nothing is deliverable, until the earliest timer or a wake-up
     (module docstring); its listener holds one connection from the first wait until
-    ``aclose``. Raises KeyValueStoreUnavailable.
+    ``aclose``. A send of an order already sent within ``dedup_window_s`` (by the server's
+    clock) does nothing. Raises KeyValueStoreUnavailable.
     """
 
     def __init__(
@@ -226,9 +234,11 @@ class RedisFillTaskQueue:
         visibility_timeout_s: float = VISIBILITY_TIMEOUT_S,
         *,
         prefix: str = QUEUE_KEY,
+        dedup_window_s: float = DEDUP_WINDOW_S,
     ) -> None:
         self._client = client
         self._visibility_us = _micros(visibility_timeout_s)
+        self._dedup_window_ms = max(1, round(dedup_window_s * 1000))
         self._prefix = prefix
         self._wakeups = Wakeups(client, f"{prefix}:wakeups")
         self._send = client.register_script(_SEND)
@@ -243,7 +253,16 @@ class RedisFillTaskQueue:
 
     async def send(self, task: FillTask, delay_s: float) -> None:
         with unavailable_on_failure("send fill task"):
-            await self._send(args=[self._prefix, encode_task(task), task.user_id, _micros(delay_s)])
+            await self._send(
+                args=[
+                    self._prefix,
+                    encode_task(task),
+                    task.user_id,
+                    _micros(delay_s),
+                    task.order_id,
+                    self._dedup_window_ms,
+                ],
+            )
 
     async def aclose(self) -> None:
         """Stop listening for wake-ups (the client stays open: its owner closes it)."""
