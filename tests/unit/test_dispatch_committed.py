@@ -222,9 +222,8 @@ async def test_intent_store_down_never_runs_the_step() -> None:
         INTENT, now=EPOCH, wait_s=5, on_committed=record
     )
 
-    assert dispatched == Dispatched(
-        Rejected(503, "unavailable", "Service temporarily unavailable"), durable=False
-    )
+    assert dispatched == Dispatched(Rejected(503, "unavailable", "Service temporarily unavailable"))
+    assert not dispatched.durable
     assert record.order_ids == []
 
 

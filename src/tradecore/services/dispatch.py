@@ -61,12 +61,15 @@ class OrderIntent:
 
 @attrs.frozen
 class Dispatched:
-    """The dispatch outcome. ``durable`` tells whether the intent row exists; a 5xx with
-    ``durable`` False spent nothing, so the caller may release its replay key."""
+    """The dispatch outcome. The intent row exists exactly when the outcome is not a refusal
+    (``durable``); a refusal spent nothing, so the caller may release its replay key."""
 
     outcome: Rejected | Accepted | Queued
-    durable: bool
     order_id: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        return not isinstance(self.outcome, Rejected)
 
 
 _NO_WORKER = Rejected(503, "worker_start_timeout", "Trading worker did not start in time")
@@ -145,7 +148,7 @@ class OrderDispatcher:
         except DuplicateOrder as e:
             raise Duplicate(intent.fingerprint) from e
         except StoreUnavailable:
-            return Dispatched(unavailable, durable=False)
+            return Dispatched(unavailable)
 
         request = OrderRequest(
             request_id=request_id,
@@ -171,7 +174,7 @@ class OrderDispatcher:
             refusal = None if pushed else _NO_WORKER
         if refusal is not None:
             withdrawn = await self._withdraw(order_id, request_id, refusal)
-            if on_committed is not None and not isinstance(withdrawn.outcome, Rejected):
+            if on_committed is not None and withdrawn.durable:
                 await on_committed(order_id)
             return withdrawn
 
@@ -188,8 +191,8 @@ class OrderDispatcher:
             log.warning("reply of order %s not readable; answering 202", order_id)
             result = None
         if result is None:
-            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
-        return Dispatched(Accepted(result), durable=True, order_id=order_id)
+            return Dispatched(Queued(order_id, request_id), order_id=order_id)
+        return Dispatched(Accepted(result), order_id=order_id)
 
     async def _hand_over(self, request: OrderRequest) -> bool:
         if await self._queue.push(request):
@@ -210,7 +213,7 @@ class OrderDispatcher:
             )
         except StoreUnavailable:
             log.error("order %s: push failed and the intent could not be withdrawn", order_id)
-            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
+            return Dispatched(Queued(order_id, request_id), order_id=order_id)
         if cancelled is None:
-            return Dispatched(Queued(order_id, request_id), durable=True, order_id=order_id)
-        return Dispatched(refusal, durable=False, order_id=order_id)
+            return Dispatched(Queued(order_id, request_id), order_id=order_id)
+        return Dispatched(refusal, order_id=order_id)

@@ -262,13 +262,11 @@ class WebhookIntake:
             )
             return replay_refusal
         outcome = dispatched.outcome
-        if dispatched.durable:
-            claimed.clear()  # from here on the order exists: the key must stay
         if isinstance(outcome, Rejected):
-            if not dispatched.durable:
-                await self._release(fingerprint)
+            # refused before the intent was durable (a success ran record_order, which keeps
+            # the key): the sender's retry of the same body must not be a replay
+            await self._release(fingerprint)
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=outcome.detail)
-        # a success's entry was written by record_order, while the worker had the order
         return outcome
 
     async def _release(self, fingerprint: str) -> None:
