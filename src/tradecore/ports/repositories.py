@@ -19,6 +19,28 @@ from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
 
 
+def save_fields(
+    new: User | TradingAccount,
+    previous: User | TradingAccount,
+    guard: Collection[str] = (),
+    always: Collection[str] = (),
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The compare-and-set of ``UserRepository.save`` and ``TradingAccountRepository.save``:
+    the fields where ``new`` differs from ``previous`` (written), and the fields the save
+    compares with ``previous`` (those, ``guard`` and ``always``), both in declaration order.
+    Raises TypeError for a ``guard`` name that is not a field and ValueError when
+    ``previous`` is another record."""
+    names = tuple(f.name for f in attrs.fields(type(new)))
+    unknown = sorted(set(guard) - set(names))
+    if unknown:
+        raise TypeError(f"{type(new).__name__} has no field {', '.join(unknown)}")
+    if new.id != previous.id:
+        raise ValueError("save: previous is another record")
+    changed = tuple(f for f in names if getattr(new, f) != getattr(previous, f))
+    checked = set(changed).union(guard, always)
+    return changed, tuple(f for f in names if f in checked)
+
+
 @runtime_checkable
 class UserRepository(Protocol):
     async def add(self, user: User) -> bool:

@@ -19,7 +19,7 @@ from tradecore.audit_chain import GENESIS, SealedEntry, normalized, seal
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.orders import OrderHistoryRecord, OrderStatus
-from tradecore.ports.repositories import WebhookOwner
+from tradecore.ports.repositories import WebhookOwner, save_fields
 
 _Record = TypeVar("_Record", User, TradingAccount)
 
@@ -32,20 +32,12 @@ def _compare_and_set(
     always: Collection[str] = (),
 ) -> _Record | None:
     """``stored`` with the fields where ``new`` differs from ``previous`` taken from ``new``;
-    None when there is no ``stored`` or one of those fields, of ``guard`` or of ``always`` no
-    longer holds its value in ``previous`` (the compare-and-set of the repositories' ``save``)."""
-    names = [f.name for f in attrs.fields(type(new))]
-    unknown = sorted(set(guard) - set(names))
-    if unknown:
-        raise TypeError(f"{type(new).__name__} has no field {', '.join(unknown)}")
-    if new.id != previous.id:
-        raise ValueError("save: previous is another record")
-    changed = {f: getattr(new, f) for f in names if getattr(new, f) != getattr(previous, f)}
-    if stored is None or any(
-        getattr(stored, f) != getattr(previous, f) for f in set(changed).union(guard, always)
-    ):
+    None when there is no ``stored`` or a compared field (``save_fields``) no longer holds its
+    value in ``previous``."""
+    changed, compared = save_fields(new, previous, guard, always)
+    if stored is None or any(getattr(stored, f) != getattr(previous, f) for f in compared):
         return None
-    return attrs.evolve(stored, **changed) if changed else stored
+    return attrs.evolve(stored, **{f: getattr(new, f) for f in changed}) if changed else stored
 
 
 class MemoryUserRepository:

@@ -3,7 +3,7 @@
 
 Broker credentials are stored as the ciphertext the core hands over (``bytea``), never opened
 here. ``save`` is one compare-and-set statement on the changed and compared columns (see
-``identity.compare_and_set_query``).
+``rows.compare_and_set_query``).
 """
 
 from __future__ import annotations
@@ -12,22 +12,21 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-import attrs
-
 from tradecore.accounts import TradingAccount
 from tradecore.identity import User
-from tradecore.ports.repositories import WebhookOwner
-from tradecore_adapters.postgres.identity import (
-    USER_COLUMNS,
-    compare_and_set_fields,
+from tradecore.ports.repositories import WebhookOwner, save_fields
+from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
+from tradecore_adapters.postgres.pool import Pool
+from tradecore_adapters.postgres.rows import (
+    Row,
     compare_and_set_params,
     compare_and_set_query,
-    user_from_row,
+    execute,
+    fetch_all,
+    fetch_one,
+    utc,
 )
-from tradecore_adapters.postgres.pool import Pool
-from tradecore_adapters.postgres.rows import Row, execute, fetch_all, fetch_one, utc
 
-_FIELDS = tuple(f.name for f in attrs.fields(TradingAccount))
 _OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
 _BY_TOKEN = (
     f"SELECT a.*, {_OWNER} FROM trading_accounts a JOIN users u ON u.id = a.user_id"  # noqa: S608 - constant column names
@@ -149,9 +148,7 @@ class PostgresTradingAccountRepository:
         previous: TradingAccount,
         guard: Collection[str] = (),
     ) -> TradingAccount | None:
-        changed, compared = compare_and_set_fields(
-            _FIELDS, account, previous, guard, always=("deleted",)
-        )
+        changed, compared = save_fields(account, previous, guard, always=("deleted",))
         params = compare_and_set_params(_params(account), _params(previous), changed, compared)
         query = compare_and_set_query("trading_accounts", changed, compared)
         row = await fetch_one(self._pool, query, params)

@@ -10,18 +10,17 @@ changed ones.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-import attrs
-from psycopg import sql
-
 from tradecore.identity import AllowedIp, ApiKey, Plan, Session, User
+from tradecore.ports.repositories import save_fields
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import (
     Row,
+    compare_and_set_params,
+    compare_and_set_query,
     execute,
     fetch_all,
     fetch_one,
@@ -57,66 +56,6 @@ def user_from_row(row: Row, prefix: str = "") -> User:
         subscription_expires_at=utc_or_none(col("subscription_expires_at")),
         accepted_terms_version=col("accepted_terms_version"),
     )
-
-
-_USER_FIELDS = tuple(f.name for f in attrs.fields(User))
-
-
-def compare_and_set_fields(
-    fields: tuple[str, ...],
-    new: Any,
-    previous: Any,
-    guard: Collection[str],
-    always: Collection[str] = (),
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The fields (of ``fields``, in that order) where ``new`` differs from ``previous``, and
-    the fields a compare-and-set save compares: those, ``guard`` and ``always``."""
-    unknown = sorted(set(guard) - set(fields))
-    if unknown:
-        raise TypeError(f"{type(new).__name__} has no field {', '.join(unknown)}")
-    if new.id != previous.id:
-        raise ValueError("save: previous is another record")
-    changed = tuple(f for f in fields if getattr(new, f) != getattr(previous, f))
-    checked = set(changed).union(guard, always)
-    return changed, tuple(f for f in fields if f in checked)
-
-
-@functools.lru_cache(maxsize=256)
-def compare_and_set_query(table: str, written: tuple[str, ...], compared: tuple[str, ...]) -> str:
-    """One statement: set ``written`` (parameters ``set_<column>``) on row ``%(id)s`` if each
-    of ``compared`` is not distinct from ``was_<column>``; the row after it, or no row. With
-    nothing written it only reads the row under the same condition. Known column names only."""
-    conditions = sql.SQL("").join(
-        sql.SQL(" AND {} IS NOT DISTINCT FROM {}").format(
-            sql.Identifier(c), sql.Placeholder(f"was_{c}")
-        )
-        for c in compared
-    )
-    if not written:
-        query = sql.SQL("SELECT * FROM {table} WHERE id = %(id)s{conditions}")
-    else:
-        query = sql.SQL(
-            "UPDATE {table} SET {assignments} WHERE id = %(id)s{conditions} RETURNING *"
-        )
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(f"set_{c}")) for c in written
-    )
-    return query.format(
-        table=sql.Identifier(table), assignments=assignments, conditions=conditions
-    ).as_string()
-
-
-def compare_and_set_params(
-    new: dict[str, Any],
-    previous: dict[str, Any],
-    written: tuple[str, ...],
-    compared: tuple[str, ...],
-) -> dict[str, Any]:
-    """The parameters of ``compare_and_set_query`` from two rows' column values."""
-    params: dict[str, Any] = {"id": previous["id"]}
-    params.update({f"set_{c}": new[c] for c in written})
-    params.update({f"was_{c}": previous[c] for c in compared})
-    return params
 
 
 def _user_params(user: User) -> dict[str, Any]:
@@ -163,7 +102,7 @@ class PostgresUserRepository:
         return None if row is None else user_from_row(row)
 
     async def save(self, user: User, *, previous: User, guard: Collection[str] = ()) -> User | None:
-        changed, compared = compare_and_set_fields(_USER_FIELDS, user, previous, guard)
+        changed, compared = save_fields(user, previous, guard)
         # email_key follows email (the case-insensitive unique key)
         written = (*changed, "email_key") if "email" in changed else changed
         params = compare_and_set_params(

@@ -1,10 +1,13 @@
-"""Small helpers shared by the adapters: one statement per pooled connection, UTC times."""
+"""Small helpers shared by the adapters: one statement per pooled connection, UTC times, and
+the compare-and-set UPDATE of the repositories' ``save`` (``ports.repositories.save_fields``)."""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg import sql
 from psycopg.abc import Params, QueryNoTemplate
 from psycopg.rows import dict_row
 
@@ -45,3 +48,41 @@ async def execute(pool: Pool, query: QueryNoTemplate, params: Params | None = No
         async with pool.connection() as conn, conn.cursor() as cur:
             await cur.execute(query, params)
             return cur.rowcount
+
+
+@functools.lru_cache(maxsize=256)
+def compare_and_set_query(table: str, written: tuple[str, ...], compared: tuple[str, ...]) -> str:
+    """One statement: set ``written`` (parameters ``set_<column>``) on row ``%(id)s`` if each
+    of ``compared`` is not distinct from ``was_<column>``; the row after it, or no row. With
+    nothing written it only reads the row under the same condition. Known column names only."""
+    conditions = sql.SQL("").join(
+        sql.SQL(" AND {} IS NOT DISTINCT FROM {}").format(
+            sql.Identifier(c), sql.Placeholder(f"was_{c}")
+        )
+        for c in compared
+    )
+    if not written:
+        query = sql.SQL("SELECT * FROM {table} WHERE id = %(id)s{conditions}")
+    else:
+        query = sql.SQL(
+            "UPDATE {table} SET {assignments} WHERE id = %(id)s{conditions} RETURNING *"
+        )
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(f"set_{c}")) for c in written
+    )
+    return query.format(
+        table=sql.Identifier(table), assignments=assignments, conditions=conditions
+    ).as_string()
+
+
+def compare_and_set_params(
+    new: dict[str, Any],
+    previous: dict[str, Any],
+    written: tuple[str, ...],
+    compared: tuple[str, ...],
+) -> dict[str, Any]:
+    """The parameters of ``compare_and_set_query`` from two rows' column values."""
+    params: dict[str, Any] = {"id": previous["id"]}
+    params.update({f"set_{c}": new[c] for c in written})
+    params.update({f"was_{c}": previous[c] for c in compared})
+    return params
