@@ -86,6 +86,11 @@ class Stores:
     audit: AuditLog
     resets: PasswordResetTokens
 
+    async def token_owner(self, token_hash: str) -> tuple[TradingAccount, User] | None:
+        """The account and owner a webhook token resolves to (``webhook_owner``)."""
+        found = await self.accounts.webhook_owner(token_hash, orders_since=T0)
+        return None if found is None else (found.account, found.user)
+
 
 def memory_stores() -> Stores:
     users = MemoryUserRepository()
@@ -418,7 +423,7 @@ async def test_encrypted_credentials_round_trip_as_bytes(stores: Stores) -> None
     assert got == sealed and got is not None
     assert type(got.encrypted_credentials) is bytes and got.encrypted_credentials == blob
     assert (await stores.accounts.get("acct-2")) == account(2)  # None stays None
-    found = await stores.accounts.by_webhook_token_hash(f"{1:064x}")
+    found = await stores.token_owner(f"{1:064x}")
     assert found is not None and found[0].encrypted_credentials == blob
     assert [a.encrypted_credentials for a in await stores.accounts.list_for_user("user-1")] == [
         blob,
@@ -438,8 +443,8 @@ async def test_webhook_token_lookup_returns_account_and_owner(stores: Stores) ->
     owner = user(1, disabled=True)
     assert await stores.users.add(owner)
     await stores.accounts.add(account(1))
-    assert await stores.accounts.by_webhook_token_hash(f"{1:064x}") == (account(1), owner)
-    assert await stores.accounts.by_webhook_token_hash(f"{9:064x}") is None
+    assert await stores.token_owner(f"{1:064x}") == (account(1), owner)
+    assert await stores.token_owner(f"{9:064x}") is None
 
 
 async def test_webhook_token_rotation_and_deletion(stores: Stores) -> None:
@@ -447,10 +452,10 @@ async def test_webhook_token_rotation_and_deletion(stores: Stores) -> None:
     await stores.accounts.add(account(1))
     rotated = account(1, webhook_token_hash="f" * 64)
     assert await stores.accounts.save(rotated, previous=account(1)) == rotated
-    assert await stores.accounts.by_webhook_token_hash(f"{1:064x}") is None
-    assert await stores.accounts.by_webhook_token_hash("f" * 64) == (rotated, user(1))
+    assert await stores.token_owner(f"{1:064x}") is None
+    assert await stores.token_owner("f" * 64) == (rotated, user(1))
     assert await stores.accounts.save(attrs.evolve(rotated, deleted=True), previous=rotated)
-    assert await stores.accounts.by_webhook_token_hash("f" * 64) is None
+    assert await stores.token_owner("f" * 64) is None
 
 
 async def test_webhook_owner_reads_account_owner_allowed_ips_and_order_count(

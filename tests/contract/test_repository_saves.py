@@ -61,7 +61,7 @@ async def test_account_save_writes_only_the_fields_that_differ(stores: Stores) -
     expected = attrs.evolve(concurrent, name="Renamed")
     assert saved == expected
     assert await stores.accounts.get("acct-1") == expected
-    assert await stores.accounts.by_webhook_token_hash("e" * 64) == (expected, user(1))
+    assert await stores.token_owner("e" * 64) == (expected, user(1))
 
 
 async def test_user_save_writes_only_the_fields_that_differ(stores: Stores) -> None:

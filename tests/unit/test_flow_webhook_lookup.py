@@ -45,7 +45,6 @@ def only_the_lookup(
 
     system = trader.system
     patch.setattr(system.accounts, "webhook_owner", lookup)
-    patch.setattr(system.accounts, "by_webhook_token_hash", refused)
     patch.setattr(system.allowed_ips, "list_for_user", refused)
     patch.setattr(system.orders, "count_since", refused)
 

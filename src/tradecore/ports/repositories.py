@@ -137,10 +137,6 @@ class TradingAccountRepository(Protocol):
         """The account, deleted ones excluded."""
         ...
 
-    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
-        """Layer 1 in one lookup: the live account with that token digest and its owner."""
-        ...
-
     async def webhook_owner(
         self, token_hash: str, *, orders_since: datetime
     ) -> WebhookOwner | None:

@@ -179,7 +179,7 @@ class MemoryTradingAccountRepository:
         account = self._accounts.get(account_id)
         return None if account is None or account.deleted else account
 
-    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
+    async def _by_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
         account_id = self._id_by_token_hash.get(token_hash)
         account = None if account_id is None else await self.get(account_id)
         if account is None:
@@ -190,7 +190,7 @@ class MemoryTradingAccountRepository:
     async def webhook_owner(
         self, token_hash: str, *, orders_since: datetime
     ) -> WebhookOwner | None:
-        found = await self.by_webhook_token_hash(token_hash)
+        found = await self._by_token_hash(token_hash)
         if found is None:
             return None
         account, user = found

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from tradecore.accounts import TradingAccount
-from tradecore.identity import User
 from tradecore.ports.repositories import WebhookOwner, save_fields
 from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
 from tradecore_adapters.postgres.pool import Pool
@@ -28,13 +27,9 @@ from tradecore_adapters.postgres.rows import (
 )
 
 _OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
-_BY_TOKEN = (
-    f"SELECT a.*, {_OWNER} FROM trading_accounts a JOIN users u ON u.id = a.user_id"  # noqa: S608 - constant column names
-    " WHERE a.webhook_token_hash = %s AND NOT a.deleted"
-)
-# The same probe, plus the owner's allowed IPs (user_allowed_ips_unique, led by user_id) and
-# order count since an instant (order_history_by_user): the scalar subqueries run only for the
-# one matching row.
+# The token probe (one indexed join with the owner), plus the owner's allowed IPs
+# (user_allowed_ips_unique, led by user_id) and order count since an instant
+# (order_history_by_user): the scalar subqueries run only for the one matching row.
 _WEBHOOK_OWNER = (
     f"SELECT a.*, {_OWNER},"  # noqa: S608 - constant column names
     " ARRAY(SELECT ip.ip_address FROM user_allowed_ips ip WHERE ip.user_id = a.user_id"
@@ -113,10 +108,6 @@ class PostgresTradingAccountRepository:
             (account_id,),
         )
         return None if row is None else account_from_row(row)
-
-    async def by_webhook_token_hash(self, token_hash: str) -> tuple[TradingAccount, User] | None:
-        row = await fetch_one(self._pool, _BY_TOKEN, (token_hash,))
-        return None if row is None else (account_from_row(row), user_from_row(row, "owner_"))
 
     async def webhook_owner(
         self, token_hash: str, *, orders_since: datetime
