@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -79,6 +79,12 @@ BROKER_UNAVAILABLE = Rejected(503, "broker_unavailable", "The broker could not b
 CONFLICT = Rejected(
     409, "conflict", "The account was changed by another request at the same time; try again"
 )
+_LOST = {
+    NOT_FOUND: "not found",
+    CREDENTIALS_CHANGED: "credentials changed",
+    CONFLICT: "changed concurrently",
+}
+"""The audit reason of each refusal of ``_save_retrying``."""
 SECRET_CHANGED = Rejected(
     409,
     "webhook_secret_changed",
@@ -374,18 +380,14 @@ class TradingAccounts:
             fields["credentials_verified"] = False
         guard = _CREDENTIAL_FIELDS if new_credentials else ()
         names = sorted({"credentials" if f == "encrypted_credentials" else f for f in fields})
-        for _ in range(SAVE_ATTEMPTS):
-            fresh = await self._own(principal, account.id)
-            if fresh is None:
-                await self._audit(action, context, user_id, account.id, "not found")
-                return NOT_FOUND
-            updated = attrs.evolve(fresh, **fields)
-            stored = await self._accounts.save(updated, previous=fresh, guard=guard)
-            if stored is not None:
-                await self._audit(action, context, user_id, account.id, metadata={"fields": names})
-                return stored
-        await self._audit(action, context, user_id, account.id, "changed concurrently")
-        return CONFLICT
+        stored = await self._save_retrying(
+            principal, account, lambda fresh: attrs.evolve(fresh, **fields), guard=guard
+        )
+        if isinstance(stored, TradingAccount):
+            await self._audit(action, context, user_id, account.id, metadata={"fields": names})
+        else:
+            await self._audit(action, context, user_id, account.id, _LOST[stored])
+        return stored
 
     async def _changed_fields(
         self, account: TradingAccount, changes: Mapping[str, object]
@@ -437,19 +439,16 @@ class TradingAccounts:
                     action, context, user_id, None, "not found", metadata=_requested(account_id)
                 )
                 return NOT_FOUND
-            for attempt in range(SAVE_ATTEMPTS):
-                if attempt:
-                    fresh = await self._own(principal, account.id)
-                    if fresh is None:
-                        await self._audit(action, context, user_id, account.id, "not found")
-                        return NOT_FOUND
-                    account = fresh
-                deleted = attrs.evolve(account, deleted=True, encrypted_credentials=None)
-                if await self._accounts.save(deleted, previous=account) is not None:
-                    await self._audit(action, context, user_id, account.id)
-                    return None
-            await self._audit(action, context, user_id, account.id, "changed concurrently")
-            return CONFLICT
+            stored = await self._save_retrying(
+                principal,
+                account,
+                lambda fresh: attrs.evolve(fresh, deleted=True, encrypted_credentials=None),
+            )
+            if isinstance(stored, TradingAccount):
+                await self._audit(action, context, user_id, account.id)
+                return None
+            await self._audit(action, context, user_id, account.id, _LOST[stored])
+            return stored
         except StoreUnavailable:
             return UNAVAILABLE
 
@@ -571,30 +570,51 @@ class TradingAccounts:
         they were replaced (409) or the account deleted (404) meanwhile."""
         action = AuditAction.ACCOUNT_UPDATED
         user_id = principal.user_id
-        for _ in range(SAVE_ATTEMPTS):
-            fresh = await self._own(principal, account.id)
-            if fresh is None:
-                await self._audit(action, context, user_id, account.id, "not found")
-                return NOT_FOUND
-            if fresh.encrypted_credentials != account.encrypted_credentials:
-                await self._audit(action, context, user_id, account.id, "credentials changed")
+        checked = account.encrypted_credentials
+
+        def verify(fresh: TradingAccount) -> TradingAccount | Rejected:
+            if fresh.encrypted_credentials != checked:
                 return CREDENTIALS_CHANGED
-            stored: TradingAccount | None = fresh
-            if not fresh.credentials_verified:
-                verified = attrs.evolve(fresh, credentials_verified=True)
-                stored = await self._accounts.save(
-                    verified, previous=fresh, guard=("encrypted_credentials",)
-                )
+            return attrs.evolve(fresh, credentials_verified=True)
+
+        stored = await self._save_retrying(
+            principal, account, verify, guard=("encrypted_credentials",)
+        )
+        if isinstance(stored, TradingAccount):
+            await self._audit(
+                action, context, user_id, account.id, metadata={"fields": ["credentials_verified"]}
+            )
+        else:
+            await self._audit(action, context, user_id, account.id, _LOST[stored])
+        return stored
+
+    async def _save_retrying(
+        self,
+        principal: Principal,
+        account: TradingAccount,
+        change: Callable[[TradingAccount], TradingAccount | Rejected],
+        *,
+        guard: Collection[str] = (),
+    ) -> TradingAccount | Rejected:
+        """Save ``change(account)`` as a compare-and-set over ``account``; after a lost race,
+        read the caller's account again and apply ``change`` to that, up to SAVE_ATTEMPTS
+        saves in all. The stored account; ``change``'s refusal as is; NOT_FOUND when the
+        account is gone; CONFLICT when every attempt lost its race."""
+        for attempt in range(SAVE_ATTEMPTS):
+            if attempt:
+                fresh = await self._own(principal, account.id)
+                if fresh is None:
+                    return NOT_FOUND
+                account = fresh
+            updated = change(account)
+            if isinstance(updated, Rejected):
+                return updated
+            if attempt and updated == account:
+                return account  # just read, and already as wanted: nothing to write
+            # the first save compares ``guard`` and ``deleted`` even with nothing to write
+            stored = await self._accounts.save(updated, previous=account, guard=guard)
             if stored is not None:
-                await self._audit(
-                    action,
-                    context,
-                    user_id,
-                    account.id,
-                    metadata={"fields": ["credentials_verified"]},
-                )
                 return stored
-        await self._audit(action, context, user_id, account.id, "changed concurrently")
         return CONFLICT
 
     # --- helpers ------------------------------------------------------------------------
