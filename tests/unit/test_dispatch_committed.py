@@ -266,3 +266,28 @@ async def test_without_the_step_nothing_changes() -> None:
 
     assert isinstance(dispatched.outcome, Accepted)
     assert events == ["wait", "reply"]
+
+
+async def test_a_cancelled_dispatch_cancels_its_step() -> None:
+    events: list[str] = []
+    queue = Queue(events)  # the worker never answers
+    step_started = asyncio.Event()
+    step_cancelled = asyncio.Event()
+
+    async def endless_step(order_id: str) -> None:
+        step_started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            step_cancelled.set()
+            raise
+
+    task = asyncio.create_task(
+        dispatcher(queue).dispatch(INTENT, now=EPOCH, wait_s=5, on_committed=endless_step)
+    )
+    await asyncio.wait_for(step_started.wait(), 1)
+    task.cancel()
+
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(step_cancelled.wait(), 1)

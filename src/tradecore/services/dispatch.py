@@ -77,12 +77,20 @@ _NO_WORKER = Rejected(503, "worker_start_timeout", "Trading worker did not start
 
 async def _alongside(reply: Awaitable[Dispatched], side: Awaitable[object]) -> Dispatched:
     """Await both concurrently and return the reply once both are done; the side's exception
-    first, then the reply's, is raised after both are done."""
-    got, side_done = await asyncio.gather(reply, side, return_exceptions=True)
-    if isinstance(side_done, BaseException):
-        raise side_done
-    if isinstance(got, BaseException):
-        raise got
+    first, then the reply's, is raised after both are done. Cancelled, it cancels the side.
+
+    The side runs as one task and the reply in the caller's own, which costs one task where
+    ``asyncio.gather`` would wrap both."""
+    side_task = asyncio.ensure_future(side)
+    try:
+        got = await reply
+    except asyncio.CancelledError:
+        side_task.cancel()
+        raise
+    except BaseException:
+        await side_task  # its exception, if any, is raised first (the reply's is its context)
+        raise
+    await side_task
     return got
 
 
