@@ -24,11 +24,20 @@ from tradecore.audit import AuditEntry
 GENESIS = "0" * 64
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
 def normalized(entry: AuditEntry) -> AuditEntry:
     """The entry as a store keeps it: metadata through JSON (values JSON cannot hold become
-    text), the time in UTC. Stores seal and return this form, so seals verify on read-back."""
+    text), the time in UTC. Stores seal and return this form, so seals verify on read-back.
+    An entry already in that form (text keys, scalar values, a UTC time) is returned as is."""
+    created_at = entry.created_at
+    if created_at.tzinfo is UTC and all(
+        type(key) is str and type(value) in _JSON_SCALARS for key, value in entry.metadata.items()
+    ):
+        return entry
     metadata = json.loads(json.dumps(dict(entry.metadata), default=str))
-    return attrs.evolve(entry, metadata=metadata, created_at=entry.created_at.astimezone(UTC))
+    return attrs.evolve(entry, metadata=metadata, created_at=created_at.astimezone(UTC))
 
 
 def canonical(entry: AuditEntry) -> bytes:

@@ -6,6 +6,7 @@ process. Semantics (uniqueness, compare-and-set, ordering) match the Postgres ad
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
@@ -227,7 +228,7 @@ class MemoryOrderHistory:
     def __init__(self) -> None:
         self._rows: dict[str, OrderHistoryRecord] = {}
         self._fingerprints: set[tuple[str, str]] = set()
-        self._created: dict[str, list[datetime]] = {}  # per user, for the daily cap
+        self._created: dict[str, list[datetime]] = {}  # per user, sorted, for the daily cap
 
     async def add(self, record: OrderHistoryRecord) -> None:
         if record.fingerprint is not None:
@@ -236,7 +237,7 @@ class MemoryOrderHistory:
                 raise DuplicateOrder(record.fingerprint)
             self._fingerprints.add(key)
         self._rows[record.id] = record
-        self._created.setdefault(record.user_id, []).append(record.created_at)
+        bisect.insort(self._created.setdefault(record.user_id, []), record.created_at)
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return self._rows.get(order_id)
@@ -278,25 +279,35 @@ class MemoryOrderHistory:
         return rows[:limit]
 
     async def count_since(self, user_id: str, since: datetime) -> int:
-        return sum(1 for at in self._created.get(user_id, ()) if at >= since)
+        created = self._created.get(user_id, [])
+        return len(created) - bisect.bisect_left(created, since)
 
 
 class MemoryAuditLog:
+    """The audit log in memory. Entries are immutable once appended, so their seals are
+    computed when the chain is first read, not on the request path; the chain read is the
+    same as if each entry had been sealed on append."""
+
     def __init__(self) -> None:
         self._entries: list[StoredAuditEntry] = []
-        self._sealed: list[SealedEntry] = []
+        self._sealed: list[SealedEntry] = []  # the chain of _entries[: len(_sealed)]
 
     async def append(self, entry: AuditEntry) -> int:
         stored = StoredAuditEntry(id=len(self._entries) + 1, entry=normalized(entry))
-        previous = self._sealed[-1].seal if self._sealed else GENESIS
         self._entries.append(stored)
-        self._sealed.append(
-            SealedEntry(stored.id, stored.entry, previous, seal(previous, stored.entry))
-        )
         return stored.id
 
     async def chain(self, *, after_id: int = 0, limit: int = 1000) -> list[SealedEntry]:
-        return [s for s in self._sealed if s.id > after_id][:limit]
+        self._seal_pending()
+        start = max(0, after_id)
+        return self._sealed[start : start + max(0, limit)]
+
+    def _seal_pending(self) -> None:
+        previous = self._sealed[-1].seal if self._sealed else GENESIS
+        for stored in self._entries[len(self._sealed) :]:
+            sealed = SealedEntry(stored.id, stored.entry, previous, seal(previous, stored.entry))
+            self._sealed.append(sealed)
+            previous = sealed.seal
 
     async def summary(
         self, user_id: str, *, actions: Collection[AuditAction], since: datetime | None
