@@ -62,7 +62,11 @@ class Argon2PasswordHasher:
 
 
 def _lower_priority() -> None:
-    """Hashing threads yield the CPU to the event loop (Linux: per-thread nice 19), so a
-    burst of logins never slows the order paths; elsewhere this does nothing."""
+    """Hashing threads yield the CPU to the event loop, so a burst of logins never slows the
+    order paths. Linux: the thread's policy becomes ``SCHED_IDLE`` (it runs only on a core
+    nothing else wants; libargon2's lane threads inherit it) and its nice value 19, which is
+    what remains where the policy cannot be set. Elsewhere this does nothing."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
