@@ -170,7 +170,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     system = build_worker_system(
         settings.database_url,
         settings.redis_url,
-        host_settings=settings.worker_host_settings(),
+        host_settings=settings.host_settings(),
         conditions=settings.paper_conditions(),
     )
     stop = stop or asyncio.Event()

@@ -322,13 +322,9 @@ class Settings:
         )
 
     def host_settings(self) -> HostSettings:
-        return HostSettings(
-            idle_timeout_s=self.worker_idle_timeout_s, mark_ttl_s=self.worker_mark_ttl_s
-        )
-
-    def worker_host_settings(self) -> HostSettings:
-        """A worker process's host: a push wakes an idle worker at once, so its blocking
-        take only needs to look at the clock now and then."""
+        """A worker host's (embedded, or a ``tradecore worker`` process). A push wakes an idle
+        worker at once (in Redis and in memory alike), so its blocking take only needs to look
+        at the clock now and then: thousands of idle workers cost no wake-ups of their own."""
         return HostSettings(
             idle_timeout_s=self.worker_idle_timeout_s,
             mark_ttl_s=self.worker_mark_ttl_s,

@@ -8,12 +8,11 @@ from tradecore.services.worker_host import HostSettings
 from tradecore_entrypoints.container import ConfigError, Settings
 
 
-def test_the_lease_lives_30_s_by_default_in_both_hosts() -> None:
+def test_the_lease_lives_30_s_by_default() -> None:
     settings = Settings.from_env({})
 
     assert settings.worker_mark_ttl_s == HostSettings().mark_ttl_s == 30.0
     assert settings.host_settings().mark_ttl_s == 30.0
-    assert settings.worker_host_settings().mark_ttl_s == 30.0
 
 
 @pytest.mark.parametrize(("raw", "ttl_s"), [("12", 12.0), (" 3 ", 3.0), ("7.5", 7.5), ("", 30.0)])
@@ -21,7 +20,6 @@ def test_the_lease_time_to_live_is_read_in_seconds(raw: str, ttl_s: float) -> No
     settings = Settings.from_env({"WORKER_MARK_TTL_S": raw})
 
     assert settings.host_settings().mark_ttl_s == ttl_s
-    assert settings.worker_host_settings().mark_ttl_s == ttl_s
 
 
 @pytest.mark.parametrize("raw", ["2.9", "0", "-30", "nan", "inf", "thirty"])
