@@ -11,6 +11,13 @@ Two modes:
 * ``closed``: ``--concurrency`` workers, each sending its next request as soon as the
   previous one is answered: the maximum throughput at that concurrency.
 
+The client (``--client``) is ``lean`` by default: raw HTTP/1.1 over keep-alive connections,
+one request at a time on each, so that the client costs little and adds little to the
+latency; ``aiohttp`` is aiohttp's client session (the numbers before the lean client). The
+login loops always use aiohttp. The event loop (``--loop``) is uvloop where installed. All
+times come from ``time.perf_counter()``; a request counts as answered when the last byte of
+its response has arrived.
+
 Every body is unique (a microsecond timestamp and a per-account sequence number in the
 quantity; the replay layer refuses duplicates). Each account alternates a ``buy`` entry and
 a ``sell`` exit of the same quantity on BTCUSDT, one request at a time, so positions stay
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import platform
@@ -36,14 +44,15 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol, cast
 from urllib.parse import urlsplit
 
 import aiohttp
 
 SYMBOL = "BTCUSDT"
-SPIN_S = 0.0015  # the open-loop scheduler sleeps, then yields in a loop for the last 1.5 ms
 RESULTS = Path(__file__).resolve().parent / "results"
+MAX_RESPONSE_HEAD = 64 * 1024  # bytes of status line and headers before the client gives up
+SPIN_US = 0.0  # open: default --spin-us; measured no gain beyond the noise (bench/README.md)
 
 
 class Account:
@@ -52,6 +61,7 @@ class Account:
 
     def __init__(self, url: str, secret: str) -> None:
         self.url = url
+        self.path = urlsplit(url).path.encode()
         self.secret = secret
         self.sequence = 0
         self.open_quantity: str | None = None
@@ -79,6 +89,387 @@ class Account:
     def filled(self, quantity: str) -> None:
         """Advance the alternation after a filled order (an error leaves it where it was)."""
         self.open_quantity = quantity if self.open_quantity is None else None
+
+
+def judge_webhook(account: Account, quantity: str, status: int, body: bytes) -> tuple[bool, str]:
+    """(filled?, what came back when not) for a webhook's answer: ok only when it is 200 with a
+    JSON object whose ``status`` is ``filled``; a fill advances the account's alternation."""
+    if status != 200:
+        return False, f"http {status}"
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return False, "not json"
+    order_status = payload.get("status") if isinstance(payload, dict) else None
+    if order_status != "filled":
+        return False, f"status {order_status}"
+    account.filled(quantity)
+    return True, "filled"
+
+
+# --- the lean client: raw HTTP/1.1 on keep-alive connections ------------------------------
+
+
+class ProtocolError(Exception):
+    """The server sent bytes this client does not read as an HTTP/1.1 response framed by
+    Content-Length (the server under test frames every response so)."""
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes
+    keep_alive: bool  # false when the server said it closes the connection
+
+
+def parse_head(head: bytes) -> tuple[int, int, bool]:
+    """(status, Content-Length, keep-alive) of a status line and header block (without the
+    blank line that ends it). Only the headers that frame the response are read. Raises
+    ProtocolError on a malformed status line, a missing or malformed Content-Length, or a
+    Transfer-Encoding."""
+    line_end = head.find(b"\r\n")
+    status_line = head if line_end < 0 else head[:line_end]
+    version, _, rest = status_line.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or not rest[:3].isdigit():
+        raise ProtocolError(f"bad status line {status_line[:80]!r}")
+    # Every header line starts with CRLF here and ends with one.
+    headers = b"" if line_end < 0 else head[line_end:].lower() + b"\r\n"
+    if b"\r\ntransfer-encoding:" in headers:
+        raise ProtocolError("unexpected Transfer-Encoding")
+    length = header_value(headers, b"content-length")
+    if length is None or not length.isdigit():
+        raise ProtocolError(f"no valid Content-Length ({length!r})")
+    connection = header_value(headers, b"connection")
+    keep_alive = version == b"HTTP/1.1" if connection is None else connection != b"close"
+    return int(rest[:3]), int(length), keep_alive
+
+
+def header_value(headers: bytes, name: bytes) -> bytes | None:
+    """The value of the first header ``name`` in lower-cased header lines that each start
+    and end with CRLF, without surrounding whitespace; None when there is none."""
+    start = headers.find(b"\r\n" + name + b":")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    return headers[start : headers.find(b"\r\n", start)].strip()
+
+
+class ResponseParser:
+    """Splits the bytes of one connection into responses. ``feed`` takes whatever arrived
+    (part of a response, exactly one, or several) and returns the responses it completed, in
+    order; an incomplete rest waits for the next call. Raises ProtocolError (see
+    ``parse_head``, or a head over MAX_RESPONSE_HEAD bytes); the parser is then unusable."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._head: tuple[int, int, bool] | None = None  # of the response whose body is due
+
+    def feed(self, data: bytes) -> list[Response]:
+        self._buffer += data
+        responses: list[Response] = []
+        while True:
+            if self._head is None:
+                end = self._buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._buffer) > MAX_RESPONSE_HEAD:
+                        raise ProtocolError("response head too long")
+                    return responses
+                self._head = parse_head(bytes(self._buffer[:end]))
+                del self._buffer[: end + 4]
+            status, length, keep_alive = self._head
+            if len(self._buffer) < length:
+                return responses
+            responses.append(Response(status, bytes(self._buffer[:length]), keep_alive))
+            del self._buffer[:length]
+            self._head = None
+
+
+class HttpConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection that carries one request at a time (no pipelining).
+
+    ``exchange(request)`` writes a complete request and returns a future of (response,
+    ``perf_counter()`` when its last byte arrived). The future fails with OSError when the
+    connection is lost first (ConnectionResetError when the server closed it), ProtocolError
+    on bytes that are not the one expected response, TimeoutError after ``time_out()``; each
+    of these closes the connection.
+    ``reusable`` is false from then on, and once the server said it will close. ``sent_at``
+    is the ``perf_counter()`` of the pending request's write, None when none is pending."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._parser = ResponseParser()
+        self._waiter: asyncio.Future[tuple[Response, float]] | None = None
+        self.reusable = True
+        self.sent_at: float | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def exchange(self, request: bytes) -> asyncio.Future[tuple[Response, float]]:
+        assert self._transport is not None and self._waiter is None and self.reusable
+        waiter: asyncio.Future[tuple[Response, float]] = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        self.sent_at = time.perf_counter()
+        self._transport.write(request)
+        return waiter
+
+    def data_received(self, data: bytes) -> None:
+        arrived = time.perf_counter()
+        try:
+            responses = self._parser.feed(data)
+        except ProtocolError as e:
+            self._fail(e)
+            return
+        for response in responses:
+            waiter, self._waiter, self.sent_at = self._waiter, None, None
+            if waiter is None:
+                self._fail(ProtocolError("a response to no request"))
+                return
+            if not waiter.done():
+                waiter.set_result((response, arrived))
+            if not response.keep_alive:
+                self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._fail(exc if isinstance(exc, OSError) else ConnectionResetError("closed by server"))
+
+    def time_out(self) -> None:
+        self._fail(TimeoutError("no complete response in time"))
+
+    def close(self) -> None:
+        self.reusable = False
+        if self._transport is not None:
+            self._transport.close()
+
+    def _fail(self, error: Exception) -> None:
+        waiter, self._waiter, self.sent_at = self._waiter, None, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        if self.reusable:
+            self.reusable = False
+            assert self._transport is not None
+            self._transport.abort()
+
+
+class LeanClient:
+    """Keep-alive connections to one server, at most ``limit`` of them, each carrying one
+    request at a time; a request waits for a free connection when all are busy. A connection
+    that failed or that the server closes is dropped; the next request opens a fresh one.
+    Connecting fails after ``timeout`` seconds, an exchange between ``timeout`` and
+    ``timeout`` plus a tenth of it (at most 1 s) after its write: one periodic check for all
+    connections instead of a timer per request (as wrk does). Construct it inside the
+    running loop; ``close`` ends it."""
+
+    def __init__(self, host: str, port: int, limit: int, timeout: float) -> None:
+        self._host, self._port, self._timeout = host, port, timeout
+        self._slots = asyncio.Semaphore(limit)
+        self._idle: list[HttpConnection] = []
+        self._open: set[HttpConnection] = set()
+        self._check_every = min(1.0, timeout / 10)
+        self._watchdog = asyncio.get_running_loop().call_later(self._check_every, self._watch)
+
+    async def exchange(self, request: bytes) -> tuple[Response, float]:
+        """Send one complete request; (response, ``perf_counter()`` at its last byte)."""
+        async with self._slots:
+            connection = await self._connection()
+            answer = await connection.exchange(request)
+            if connection.reusable:
+                self._idle.append(connection)
+            return answer
+
+    async def _connection(self) -> HttpConnection:
+        while self._idle:
+            connection = self._idle.pop()  # the most recently used: few connections stay hot
+            if connection.reusable:
+                return connection
+        async with asyncio.timeout(self._timeout):
+            _, connection = await asyncio.get_running_loop().create_connection(
+                HttpConnection, self._host, self._port
+            )
+        self._open.add(connection)
+        return connection
+
+    def _watch(self) -> None:
+        """Time out the exchanges written more than ``timeout`` ago; forget closed
+        connections."""
+        written_before = time.perf_counter() - self._timeout
+        for connection in list(self._open):
+            if not connection.reusable:
+                self._open.discard(connection)
+            elif connection.sent_at is not None and connection.sent_at < written_before:
+                connection.time_out()
+        self._watchdog = asyncio.get_running_loop().call_later(self._check_every, self._watch)
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
+
+# --- the two clients behind one interface -----------------------------------------------
+
+
+class Client(Protocol):
+    """Sends the benchmark's requests; each call returns (ok, what came back when not ok,
+    ``perf_counter()`` when the answer was complete or the request failed)."""
+
+    async def webhook(self, account: Account) -> tuple[bool, str, float]: ...
+
+    async def health(self) -> tuple[bool, str, float]: ...
+
+    async def close(self) -> None: ...
+
+
+class LeanHttpClient:
+    """The benchmark's requests over a LeanClient, each request's bytes built in one go."""
+
+    def __init__(self, base_url: str, connections: int, timeout: float) -> None:
+        url = urlsplit(base_url)
+        assert url.hostname is not None and url.port is not None
+        self._client = LeanClient(url.hostname, url.port, connections, timeout)
+        self._host = url.netloc.encode()
+        self._health = b"GET /health HTTP/1.1\r\nHost: %s\r\n\r\n" % self._host
+
+    async def webhook(self, account: Account) -> tuple[bool, str, float]:
+        body, quantity = account.next_body()
+        request = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (account.path, self._host, len(body), body)
+        )
+        try:
+            response, done = await self._client.exchange(request)
+        except (OSError, ProtocolError, TimeoutError) as e:
+            return False, type(e).__name__, time.perf_counter()
+        return *judge_webhook(account, quantity, response.status, response.body), done
+
+    async def health(self) -> tuple[bool, str, float]:
+        try:
+            response, done = await self._client.exchange(self._health)
+        except (OSError, ProtocolError, TimeoutError) as e:
+            return False, type(e).__name__, time.perf_counter()
+        return response.status == 200, f"http {response.status}", done
+
+    async def close(self) -> None:
+        self._client.close()
+
+
+class AiohttpClient:
+    """The benchmark's requests through an aiohttp client session (no cookies)."""
+
+    def __init__(self, base_url: str, connections: int, timeout: float) -> None:
+        self._health_url = base_url + "/health"
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        )
+
+    async def webhook(self, account: Account) -> tuple[bool, str, float]:
+        body, quantity = account.next_body()
+        try:
+            async with self._session.post(
+                account.url, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                payload = await response.read()
+                done = time.perf_counter()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return False, type(e).__name__, time.perf_counter()
+        return *judge_webhook(account, quantity, response.status, payload), done
+
+    async def health(self) -> tuple[bool, str, float]:
+        try:
+            async with self._session.get(self._health_url) as response:
+                await response.read()
+                done = time.perf_counter()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return False, type(e).__name__, time.perf_counter()
+        return response.status == 200, f"http {response.status}", done
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+def make_client(name: str, base_url: str, connections: int, timeout: float) -> Client:
+    """The client ``--client`` names; call it inside the running loop."""
+    if name == "lean":
+        return LeanHttpClient(base_url, connections, timeout)
+    return AiohttpClient(base_url, connections, timeout)
+
+
+# --- the open loop's alarm -----------------------------------------------------------------
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class Alarm:
+    """Wakes the open-loop scheduler at ``perf_counter()`` instants, never before them.
+
+    On Linux the alarm is a timerfd (absolute CLOCK_MONOTONIC, which is perf_counter's clock
+    there) that the event loop watches: microsecond precision without polling. Elsewhere it is
+    the loop's own timer, whole milliseconds (and on uvloop up to one early), and the
+    remainder is spent yielding to the loop. ``kind`` says which."""
+
+    CLOCK_MONOTONIC, TFD_TIMER_ABSTIME = 1, 1
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._fd: int | None = None
+        self._libc: ctypes.CDLL | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            if time.get_clock_info("perf_counter").implementation.endswith("(CLOCK_MONOTONIC)"):
+                self._libc = ctypes.CDLL(None, use_errno=True)
+                fd = self._libc.timerfd_create(
+                    self.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC
+                )  # TFD_NONBLOCK and TFD_CLOEXEC are these flags
+                if fd >= 0:
+                    self._fd = fd
+                    self._loop.add_reader(fd, self._rang)
+        self.kind = "timerfd" if self._fd is not None else "loop timer"
+
+    async def sleep_until(self, instant: float, spin: float = 0.0) -> None:
+        """Sleep until ``spin`` seconds before ``instant``, then yield to the loop in a busy
+        loop (responses are still handled) until ``instant`` has passed."""
+        wake = instant - spin
+        if self._fd is not None and wake > time.perf_counter():
+            nanoseconds = round(wake * 1e9)
+            spec = _Itimerspec(
+                _Timespec(0, 0),
+                _Timespec(nanoseconds // 1_000_000_000, nanoseconds % 1_000_000_000),
+            )
+            assert self._libc is not None
+            self._waiter = self._loop.create_future()
+            if self._libc.timerfd_settime(
+                self._fd, self.TFD_TIMER_ABSTIME, ctypes.byref(spec), None
+            ):
+                raise OSError(ctypes.get_errno(), "timerfd_settime")
+            await self._waiter
+        elif wake > time.perf_counter():
+            await asyncio.sleep(wake - time.perf_counter())
+        while time.perf_counter() < instant:  # noqa: ASYNC110 - a spin that still serves I/O
+            await asyncio.sleep(0)
+
+    def _rang(self) -> None:
+        assert self._fd is not None
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            return
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
 
 
 def machine_seconds() -> tuple[float, float]:
@@ -111,11 +502,16 @@ class CpuMeter:
 
     def mark(self) -> None:
         busy, _ = machine_seconds()
-        self._marks.append((time.monotonic(), self._server_seconds(), self._client_seconds(), busy))
+        self._marks.append(
+            (time.perf_counter(), self._server_seconds(), self._client_seconds(), busy)
+        )
 
-    def schedule(self, loop: asyncio.AbstractEventLoop, begin: float, end: float) -> None:
-        loop.call_at(begin, self.mark)
-        loop.call_at(end, self.mark)
+    def schedule(self, begin: float, end: float) -> None:
+        """Mark at the ``perf_counter()`` instants begin and end (to the loop timer's
+        precision, a millisecond at worst)."""
+        loop = asyncio.get_running_loop()
+        loop.call_later(begin - time.perf_counter(), self.mark)
+        loop.call_later(end - time.perf_counter(), self.mark)
 
     def report(self) -> dict[str, float | None]:
         if len(self._marks) < 2:
@@ -182,39 +578,6 @@ def summarize(
     }
 
 
-async def send_webhook(session: aiohttp.ClientSession, account: Account) -> tuple[bool, str]:
-    """One webhook order; (filled?, what came back when not)."""
-    body, quantity = account.next_body()
-    try:
-        async with session.post(
-            account.url, data=body, headers={"Content-Type": "application/json"}
-        ) as response:
-            payload = await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError) as e:
-        return False, type(e).__name__
-    if status != 200:
-        return False, f"http {status}"
-    try:
-        order_status = json.loads(payload).get("status")
-    except ValueError:
-        return False, "not json"
-    if order_status != "filled":
-        return False, f"status {order_status}"
-    account.filled(quantity)
-    return True, "filled"
-
-
-async def send_health(session: aiohttp.ClientSession, url: str) -> tuple[bool, str]:
-    """``GET /health``: the floor of one request through the client, loopback and aiohttp."""
-    try:
-        async with session.get(url) as response:
-            await response.read()
-            return response.status == 200, f"http {response.status}"
-    except (aiohttp.ClientError, TimeoutError) as e:
-        return False, type(e).__name__
-
-
 async def login_loop(
     session: aiohttp.ClientSession,
     url: str,
@@ -222,11 +585,11 @@ async def login_loop(
     recorder: Recorder,
     stop: asyncio.Event,
 ) -> None:
-    """Log in again and again until ``stop``; every answer but 200 is an error."""
-    loop = asyncio.get_running_loop()
+    """Log in again and again until ``stop``; every answer but 200 is an error. The answer's
+    session cookie is not kept (no request here needs it)."""
     body = json.dumps({"email": credentials["email"], "password": credentials["password"]})
     while not stop.is_set():
-        started = loop.time()
+        started = time.perf_counter()
         try:
             async with session.post(
                 url, data=body, headers={"Content-Type": "application/json"}
@@ -235,28 +598,23 @@ async def login_loop(
                 ok, tag = response.status == 200, f"http {response.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
             ok, tag = False, type(e).__name__
-        elapsed = loop.time() - started
+        elapsed = time.perf_counter() - started
         recorder.add(started, elapsed, elapsed, ok, tag)
 
 
 async def open_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
     accounts = [Account(a["webhook_url"], a["webhook_secret"]) for a in document["accounts"]]
-    loop = asyncio.get_running_loop()
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
     webhooks, lags, logins = Recorder(), Recorder(), Recorder()
-    connector = aiohttp.TCPConnector(limit=args.connections, limit_per_host=args.connections)
+    client = make_client(args.client, document["base_url"], args.connections, args.timeout)
+    alarm = Alarm()
     login_connector = aiohttp.TCPConnector(limit=max(1, args.logins))
     stop_logins = asyncio.Event()
-    async with (
-        aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
-        ) as session,
-        aiohttp.ClientSession(
-            connector=login_connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
-        ) as login_session,
-    ):
+    async with aiohttp.ClientSession(
+        connector=login_connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=args.timeout),
+    ) as login_session:
         login_url = document["base_url"] + "/auth/login"
-        health_url = document["base_url"] + "/health"
         login_tasks = [
             asyncio.create_task(
                 login_loop(login_session, login_url, credentials, logins, stop_logins)
@@ -269,41 +627,43 @@ async def open_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[
         async def fire(index: int, scheduled: float) -> None:
             account = accounts[index % len(accounts)]
             async with account.lock:
-                sent = loop.time()
+                sent = time.perf_counter()
                 if args.health:
-                    ok, tag = await send_health(session, health_url)
+                    ok, tag, done = await client.health()
                 else:
-                    ok, tag = await send_webhook(session, account)
-            done = loop.time()
+                    ok, tag, done = await client.webhook(account)
             webhooks.add(scheduled, done - scheduled, done - sent, ok, tag)
             lags.add(scheduled, sent - scheduled, 0.0, True, "")
 
         total = int((args.warmup + args.duration) * args.rate)
-        start = loop.time() + 0.05
-        cpu = CpuMeter(document["pid"])
-        cpu.schedule(loop, start + args.warmup, start + total / args.rate)
-        in_flight: set[asyncio.Task[None]] = set()
-        for index in range(total):
-            scheduled = start + index / args.rate
-            delay = scheduled - loop.time()
-            if delay > SPIN_S:
-                await asyncio.sleep(delay - SPIN_S)
-            # The selector sleeps in whole milliseconds: yield until the exact send time.
-            while loop.time() < scheduled:  # noqa: ASYNC110
-                await asyncio.sleep(0)
-            task = asyncio.create_task(fire(index, scheduled))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
+        start = time.perf_counter() + 0.05
         end = start + total / args.rate
-        await asyncio.gather(*in_flight)
-        await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)  # the CPU meter's last mark
-        stop_logins.set()
-        await asyncio.gather(*login_tasks)
+        cpu = CpuMeter(document["pid"])
+        cpu.schedule(start + args.warmup, end)
+        spin = args.spin_us / 1e6
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            for index in range(total):
+                scheduled = start + index / args.rate
+                await alarm.sleep_until(scheduled, spin)
+                task = asyncio.create_task(fire(index, scheduled))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                await asyncio.sleep(0)  # the request goes out before the alarm is set again
+            await asyncio.gather(*in_flight)
+            await asyncio.sleep(max(0.0, end - time.perf_counter()) + 0.01)  # the last CPU mark
+        finally:
+            stop_logins.set()
+            await asyncio.gather(*login_tasks)
+            await client.close()
+            alarm.close()
     begin = start + args.warmup
     measured = webhooks.window(begin, end)
     result = summarize(measured, begin, end)
     result["target_rate_per_s"] = args.rate
     result["send_lag_ms"] = percentiles([s[1] for s in lags.window(begin, end)])
+    result["alarm"] = alarm.kind
+    result["spin_us"] = args.spin_us
     result.update(cpu.report())
     if args.logins:
         result["logins"] = summarize(logins.window(begin, end), begin, end)
@@ -312,15 +672,12 @@ async def open_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[
 
 async def closed_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
     accounts = [Account(a["webhook_url"], a["webhook_secret"]) for a in document["accounts"]]
-    loop = asyncio.get_running_loop()
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
     webhooks = Recorder()
-    connector = aiohttp.TCPConnector(limit=args.concurrency, limit_per_host=args.concurrency)
-    health_url = document["base_url"] + "/health"
-    start = loop.time()
+    client = make_client(args.client, document["base_url"], args.concurrency, args.timeout)
+    start = time.perf_counter()
     end = start + args.warmup + args.duration
     cpu = CpuMeter(document["pid"])
-    cpu.schedule(loop, start + args.warmup, end)
+    cpu.schedule(start + args.warmup, end)
 
     async def worker(mine: list[Account]) -> None:
         turn = 0
@@ -328,21 +685,20 @@ async def closed_loop(args: argparse.Namespace, document: dict[str, Any]) -> dic
             account = mine[turn % len(mine)]
             turn += 1
             # Each account belongs to one worker, so its requests never overlap.
-            sent = loop.time()
+            sent = time.perf_counter()
             if sent >= end:
                 return
             if args.health:
-                ok, tag = await send_health(session, health_url)
+                ok, tag, done = await client.health()
             else:
-                ok, tag = await send_webhook(session, account)
-            done = loop.time()
+                ok, tag, done = await client.webhook(account)
             webhooks.add(sent, done - sent, done - sent, ok, tag)
 
-    async with aiohttp.ClientSession(
-        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=timeout
-    ) as session:
+    try:
         workers = [accounts[i :: args.concurrency] for i in range(args.concurrency)]
         await asyncio.gather(*(worker(mine) for mine in workers if mine))
+    finally:
+        await client.close()
     begin = start + args.warmup
     measured = webhooks.window(begin, end)
     result = summarize(measured, begin, end)
@@ -414,7 +770,22 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version()}
 
 
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop ``--loop`` names."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def main() -> None:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        default_loop = "asyncio"
+    else:
+        default_loop = "uvloop"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("open", "closed", "wrk"))
     parser.add_argument("--accounts-file", type=Path, default=RESULTS / "accounts.json")
@@ -425,6 +796,18 @@ def main() -> None:
     parser.add_argument("--logins", type=int, default=0, help="open: concurrent login loops")
     parser.add_argument(
         "--health", action="store_true", help="GET /health instead of webhooks (the HTTP floor)"
+    )
+    parser.add_argument(
+        "--client", choices=("lean", "aiohttp"), default="lean", help="open, closed: HTTP client"
+    )
+    parser.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default=default_loop, help="open, closed"
+    )
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=SPIN_US,
+        help="open: wake this many microseconds before each send and yield until it is due",
     )
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
@@ -437,14 +820,19 @@ def main() -> None:
         parser.error("the benchmark runs over loopback only")
     if args.mode == "wrk":
         result = wrk_loop(args, document)
+        client, loop = "wrk", None
     else:
-        # asyncio's own loop, not uvloop: uvloop's loop.time() counts whole milliseconds.
-        result = asyncio.run((open_loop if args.mode == "open" else closed_loop)(args, document))
+        scenario = open_loop if args.mode == "open" else closed_loop
+        with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+            result = runner.run(scenario(args, document))
+        client, loop = args.client, args.loop
     budget = 60 * len(document["accounts"]) / (args.warmup + args.duration)
     report = {
         "mode": args.mode + ("-health" if args.health else ""),
         "label": args.label,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "client": client,
+        "loop": loop,
         "machine": machine(),
         "accounts": len(document["accounts"]),
         "max_rate_within_user_limits_per_s": round(budget, 1),
