@@ -1,9 +1,9 @@
 """The app ``tradecore serve`` runs, seeded for the webhook benchmark.
 
 Builds the server exactly as ``tradecore serve`` does (``Settings.from_env``,
-``build_container``, ``make_app``, ``web.AppRunner`` with ``runner_options()``, a ``SockSite``
-on a pre-bound socket, ``--log-level WARNING``), seeds it, writes the accounts to a JSON file
-and serves until SIGINT or SIGTERM:
+``build_container``, ``make_app``, ``web.AppRunner`` with ``runner_options()``, the collector
+settings of ``settle_heap``, a ``SockSite`` on a pre-bound socket, ``--log-level WARNING``),
+seeds it, writes the accounts to a JSON file and serves until SIGINT or SIGTERM:
 
 * ``--users N`` webhook users: plan pro, current terms accepted, one paper account each with
   verified credentials. They share one Argon2id hash (hashing 1,000 passwords would take a
@@ -49,7 +49,7 @@ from tradecore_entrypoints.container import (
     embedded_system,
     make_app,
 )
-from tradecore_entrypoints.loop import run_fast
+from tradecore_entrypoints.loop import run_fast, settle_heap
 
 log = logging.getLogger("bench.seeded_server")
 
@@ -120,6 +120,7 @@ async def serve(args: argparse.Namespace) -> None:
     seeded_s = time.perf_counter() - started
     runner = web.AppRunner(app, handle_signals=False, **runner_options())
     await runner.setup()
+    settle_heap()  # as `tradecore serve` does once it is set up
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import secrets
@@ -38,7 +37,7 @@ from tradecore_entrypoints.container import (
     embedded_system,
     make_app,
 )
-from tradecore_entrypoints.loop import run_fast
+from tradecore_entrypoints.loop import run_fast, settle_heap
 from tradecore_entrypoints.production import build_worker_system
 
 log = logging.getLogger("tradecore.serve")
@@ -413,11 +412,7 @@ async def serve_forever(
     line = await seed_demo(container) if demo else None
     runner = web.AppRunner(app, handle_signals=False, **runner_options())
     await runner.setup()
-    # Startup objects live for the whole process: keep them out of every later collection,
-    # and collect young objects less often (the collector causes most latency outliers).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
+    settle_heap()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
