@@ -133,13 +133,7 @@ def parse_webhook_body(body: bytes, *, simulation: bool) -> WebhookPayload | Pay
     except UnicodeDecodeError:
         return PayloadInvalid.of(["body is not UTF-8"])
     try:
-        document = json.loads(
-            text,
-            parse_float=Decimal,
-            parse_int=_bounded_int,
-            parse_constant=_reject_constant,
-            object_pairs_hook=_unique_keys,
-        )
+        document = _DECODER.decode(text)
     except _StrictJsonError as e:
         return PayloadInvalid.of([str(e)])
     except json.JSONDecodeError as e:
@@ -241,6 +235,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _StrictJsonError(f"duplicate key{named} in a JSON object")
         obj[key] = value
     return obj
+
+
+_DECODER = json.JSONDecoder(
+    parse_float=Decimal,
+    parse_int=_bounded_int,
+    parse_constant=_reject_constant,
+    object_pairs_hook=_unique_keys,
+)
+"""The strict decoder, built once (``json.loads`` with hooks builds one per call)."""
 
 
 def _describe(exc: BaseException, _type: object) -> str:
