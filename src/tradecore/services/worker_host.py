@@ -51,25 +51,14 @@ lapsed it stops, releasing nothing and leaving its requests in Redis for the nex
 take whose answer was lost may have moved a request to the in-flight list, so after an
 interrupted take the worker executes what that list holds before it takes another request.
 
-A host runs thousands of workers, and an outage reaches them all at once (every idle worker's
-take fails when Redis goes away), so they do not retry each on its own: the host has one
-outage gate. The first call to fail while the gate is closed opens it and its worker becomes
-the prober, the only one that calls the store again, on the backoff above (a take it probes
-with does not wait for a request, so the gate closes as soon as the store answers). Every
-other call that fails while the gate is open waits, calling nothing; its lease is checked on
-the backoff schedule meanwhile and it stops as above once the lease is gone. When the
-prober's call goes through, the gate closes and the waiting workers call again, first come
-first, in at most ``RESUME_BATCHES`` batches ``RESUME_INTERVAL_S`` apart, not all at once.
-When the prober stops first (its lease lost, its task cancelled, an error), the longest
-waiter still holding its lease probes in its place; with none left, the gate closes and the
-next call to fail opens it again. A call does not look at the gate before it is made: only
-calls that failed wait, so a failure that concerns one user or one store (a database outage
-while Redis serves the idle workers' takes) stalls no worker whose calls go through. A worker
-in the middle of an order waits the same way and completes it once, as above. The host logs
-a warning when the gate opens, an info line when it closes (how long, how many workers
-waited), a warning for the first worker that lost its lease during the outage, and every
-other per-worker line at debug. The host's control loop (sweep, heartbeat, start requests)
-is not behind the gate: it backs off through an outage on its own and logs it once.
+A host runs thousands of workers, and an outage reaches them all at once, so they do not
+retry each on its own: every such call goes through the host's one outage gate
+(``OutageGate``, see ``tradecore.services.outage_gate``): one worker, the prober, calls the
+store again on the backoff above (a take it probes with does not wait for a request) while the
+others wait, calling nothing, their leases checked, and resume in batches once it is back. A
+worker in the middle of an order waits the same way and completes it once, as above. The
+host's control loop (sweep, heartbeat, start requests) is not behind the gate: it backs off
+through an outage on its own and logs it once.
 
 Fill checks for a user go through this host's worker object for the user, serialized with
 its orders.
@@ -79,13 +68,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 import attrs
 
@@ -94,22 +80,18 @@ from tradecore.errors import StoreUnavailable
 from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.runtime import Clock, Sleeper
+from tradecore.services.outage_gate import (
+    OUTAGE_BACKOFF_MAX_S,
+    OUTAGE_BACKOFF_S,
+    LeaseGone,
+    OutageGate,
+)
 from tradecore.services.worker import UserWorker
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 DEFAULT_IDLE_TIMEOUT_S = 12 * 3600.0
 DEFAULT_MARK_TTL_S = 30.0
-OUTAGE_BACKOFF_S = 0.1
-OUTAGE_BACKOFF_MAX_S = 2.0
-"""The wait before the first retry of a call a store outage interrupted, and the cap of its
-doubling (a worker's calls and the control loop's)."""
-RESUME_BATCHES = 20
-RESUME_INTERVAL_S = 0.1
-"""After an outage the workers that waited for the store resume in at most ``RESUME_BATCHES``
-batches, one every ``RESUME_INTERVAL_S`` (all within 2 s), not all at once."""
 
 
 @attrs.frozen
@@ -136,45 +118,6 @@ class _Slot:
     renewed_at: datetime | None = None  # when its last renewal was sent
     lost: bool = False  # a renewal failed: take nothing more
     probing: bool = False  # its worker probes the store for the host (an outage)
-
-
-class _LeaseGone(Exception):
-    """The worker's lease was lost or lapsed while it waited out a store outage."""
-
-
-class _Wake(enum.Enum):
-    """Why a worker waiting behind the outage gate was woken."""
-
-    PROBE = "probe"  # the prober stopped: this worker probes now
-    RESUME = "resume"  # the outage is over and its turn came: it calls again
-    STOP = "stop"  # its lease is lost or lapsed
-
-
-@attrs.define(eq=False)
-class _Call:
-    """A worker's store call that met an outage, as the outage gate sees it."""
-
-    user_id: str
-    slot: _Slot
-    what: str
-    probing: _Outage | None = None  # the outage this call probes the store for
-    wake: asyncio.Future[_Wake] | None = None  # while it waits behind the gate
-
-
-@attrs.define(eq=False)
-class _Outage:
-    """A store outage as this host's workers meet it (the gate open): one call, the prober's,
-    is retried on the backoff schedule; the others wait, first come first resumed."""
-
-    opened_at: datetime
-    prober: _Call | None = None
-    delay: float = OUTAGE_BACKOFF_S  # the prober's next backoff
-    retries: int = 0  # calls of its probers after the first
-    waiters: dict[_Call, None] = attrs.field(factory=dict)  # an ordered set
-    waited: int = 0  # workers that waited for it
-    stopped: int = 0  # workers that stopped during it, their lease lost
-    over: bool = False
-    task: asyncio.Task[None] | None = None  # the waiters' lease checks, or their resumption
 
 
 class WorkerHost:
@@ -208,8 +151,9 @@ class WorkerHost:
         self._slots: dict[str, _Slot] = {}
         self._control: asyncio.Task[None] | None = None
         self._confirming: set[asyncio.Task[None]] = set()
-        self._outage: _Outage | None = None  # the gate is open while this is set
-        self._gate_tasks: set[asyncio.Task[None]] = set()
+        self._gate = OutageGate[_Slot](
+            lease_gone=self._lease_gone, clock=clock, sleeper=sleeper, log=log
+        )
 
     @property
     def holder(self) -> str:
@@ -227,7 +171,7 @@ class WorkerHost:
     async def stop(self) -> None:
         """Stop consuming and end every worker (their leases are released)."""
         slots = (s.task for s in self._slots.values())
-        tasks = [t for t in [self._control, *slots, *self._gate_tasks] if t]
+        tasks = [t for t in [self._control, *slots, *self._gate.tasks] if t]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -396,7 +340,7 @@ class WorkerHost:
                     if not await self._renew(user_id, slot, token):
                         ended = True
                         return
-        except _LeaseGone:
+        except LeaseGone:
             ended = True  # not ours any more: everything stays for the next holder
         except asyncio.CancelledError:
             raise
@@ -421,7 +365,7 @@ class WorkerHost:
                     )
 
     async def _acquire(self, user_id: str, slot: _Slot) -> int | None:
-        """Take the user's lease for this host, through outages (``_outlast``: with no lease
+        """Take the user's lease for this host, through outages (the outage gate: with no lease
         yet, until the store is back); its token, recorded on ``slot`` with the time the call
         that got it was sent; None when another holder has the lease."""
         sent = self._clock.now()
@@ -431,14 +375,15 @@ class WorkerHost:
             sent = self._clock.now()
             return await self._directory.acquire(user_id, self._holder, self._settings.mark_ttl_s)
 
-        token = await self._outlast(user_id, slot, "taking its lease", acquire)
+        token = await self._gate.outlast(user_id, slot, "taking its lease", acquire)
         if token is not None:
             slot.token, slot.renewed_at = token, sent
         return token
 
     async def _renew(self, user_id: str, slot: _Slot, token: int) -> bool:
         """Renew the lease through outages, recording when the call that renewed it was sent;
-        False (with a warning) when it is lost. Raises ``_LeaseGone`` (see ``_outlast``)."""
+        False (with a warning) when it is lost. Raises ``LeaseGone`` (see
+        ``OutageGate.outlast``)."""
         sent = self._clock.now()
 
         async def renew() -> bool:
@@ -446,7 +391,7 @@ class WorkerHost:
             sent = self._clock.now()
             return await self._directory.renew(user_id, token, self._settings.mark_ttl_s)
 
-        if await self._outlast(user_id, slot, "renewing its lease", renew):
+        if await self._gate.outlast(user_id, slot, "renewing its lease", renew):
             if slot.renewed_at is None or slot.renewed_at < sent:
                 slot.renewed_at = sent
             return True
@@ -459,7 +404,9 @@ class WorkerHost:
         async def in_flight() -> list[OrderRequest]:
             return await self._queue.in_flight(user_id)
 
-        stranded = await self._outlast(user_id, slot, "listing its requests in flight", in_flight)
+        stranded = await self._gate.outlast(
+            user_id, slot, "listing its requests in flight", in_flight
+        )
         for request in stranded:
             log.warning("recovering order %s of user %s", request.order_id, user_id)
         return stranded
@@ -485,7 +432,7 @@ class WorkerHost:
             interrupted = False
             return [] if request is None else [request]
 
-        taken = await self._outlast(user_id, slot, "taking a request", take)
+        taken = await self._gate.outlast(user_id, slot, "taking a request", take)
         if recovered:
             for request in taken:
                 log.warning(
@@ -496,12 +443,12 @@ class WorkerHost:
         return taken
 
     async def _retire(self, user_id: str, slot: _Slot, token: int) -> bool:
-        """``WorkerDirectory.retire`` through outages (see ``_outlast``)."""
+        """``WorkerDirectory.retire`` through outages (see ``OutageGate.outlast``)."""
 
         async def retire() -> bool:
             return await self._directory.retire(user_id, token)
 
-        return await self._outlast(user_id, slot, "retiring", retire)
+        return await self._gate.outlast(user_id, slot, "retiring", retire)
 
     def _seconds_since(self, since: datetime) -> float:
         return (self._clock.now() - since).total_seconds()
@@ -509,7 +456,7 @@ class WorkerHost:
     async def _execute(self, user_id: str, slot: _Slot, request: OrderRequest) -> None:
         """Execute ``request`` and publish its result, through store outages (see the module
         doc): once it has the result, only the publication is tried again. Raises
-        ``_LeaseGone`` when the lease was lost before the result was published: the request
+        ``LeaseGone`` when the lease was lost before the result was published: the request
         is left in flight for the next holder."""
         result: OrderResult | None = None
 
@@ -520,226 +467,19 @@ class WorkerHost:
                     result = await slot.worker.execute(request)
             await self._queue.complete(request, result)
 
-        await self._outlast(user_id, slot, f"order {request.order_id}", execute_and_complete)
+        await self._gate.outlast(user_id, slot, f"order {request.order_id}", execute_and_complete)
 
-    async def _outlast(
-        self, user_id: str, slot: _Slot, what: str, call: Callable[[], Awaitable[T]]
-    ) -> T:
-        """``call()``'s value, through store outages (``StoreUnavailable``), behind the host's
-        outage gate. A call that fails while the gate is closed opens it and becomes the
-        prober: it calls again after a backoff (``OUTAGE_BACKOFF_S`` doubling up to
-        ``OUTAGE_BACKOFF_MAX_S``) until its call goes through, which closes the gate. A call
-        that fails while the gate is open waits, calling nothing, until the gate closes and
-        its turn to resume comes (``RESUME_BATCHES``), or until it is made the prober because
-        the prober stopped; then it calls again. Before each retry, and while it waits, once
-        the slot holds a lease, the worker makes sure it keeps it (``_lease_kept``); raises
-        ``_LeaseGone`` when not, trying nothing more. Logs: a warning when the gate opens, an
-        info line when it closes, per-worker lines at debug."""
-        me: _Call | None = None  # this call as the gate sees it, once it failed
-        waited = False
-        try:
-            while True:
-                try:
-                    value = await call()
-                except StoreUnavailable as e:
-                    if me is None:
-                        me = _Call(user_id, slot, what)
-                    outage = me.probing
-                    if outage is not None:
-                        log.debug("worker of user %s: %s still unavailable (%s)", user_id, what, e)
-                    elif self._outage is None:
-                        outage = self._open(me, e)
-                    else:
-                        log.debug(
-                            "worker of user %s: %s interrupted (%s); waiting for the store",
-                            user_id,
-                            what,
-                            e,
-                        )
-                        waited = True
-                        await self._wait(me, self._outage)
-                        continue  # over, or made the prober: call again now
-                    await self._sleeper.sleep(outage.delay)
-                    outage.delay = min(outage.delay * 2, OUTAGE_BACKOFF_MAX_S)
-                    outage.retries += 1
-                    if slot.token is not None and not self._lease_kept(slot):
-                        self._stopping(me, outage)
-                else:
-                    if me is not None and me.probing is not None:
-                        self._close(me, me.probing)
-                    elif waited:
-                        log.debug(
-                            "worker of user %s: %s went through after the outage", user_id, what
-                        )
-                    return value
-        finally:
-            if me is not None and me.probing is not None:
-                self._hand_over(me.probing)  # it stops without having seen the store back
-
-    def _open(self, me: _Call, error: StoreUnavailable) -> _Outage:
-        """Open the gate with ``me`` as its prober."""
-        outage = _Outage(opened_at=self._clock.now())
-        self._outage = outage
-        self._make_prober(me, outage)
-        log.warning(
-            "store unavailable; workers waiting for it (worker of user %s: %s interrupted (%s),"
-            " retrying until the store is back)",
-            me.user_id,
-            me.what,
-            error,
-        )
-        return outage
-
-    def _make_prober(self, call: _Call, outage: _Outage) -> None:
-        outage.prober, call.probing, call.slot.probing = call, outage, True
-
-    def _close(self, prober: _Call, outage: _Outage) -> None:
-        """The prober's call went through: close the gate and let the waiters resume, in
-        batches."""
-        prober.probing, prober.slot.probing = None, False
-        self._end(outage)
-        log.info(
-            "store available again: worker of user %s: %s went through after %d retries;"
-            " the outage lasted %.1f s, %d workers waited for it, %d stopped (lease lost)",
-            prober.user_id,
-            prober.what,
-            outage.retries,
-            self._seconds_since(outage.opened_at),
-            outage.waited,
-            outage.stopped,
-        )
-        if outage.waiters:
-            batch = -(-len(outage.waiters) // RESUME_BATCHES)  # ceiling
-            self._resume(outage, batch)
-            if outage.waiters:
-                self._spawn(outage, self._resume_rest(outage, batch))
-
-    def _end(self, outage: _Outage) -> None:
-        outage.over, outage.prober = True, None
-        if self._outage is outage:
-            self._outage = None
-        if outage.task is not None:
-            outage.task.cancel()  # the lease checks: a waiter checks its own before it calls
-            outage.task = None
-
-    def _hand_over(self, outage: _Outage) -> None:
-        """The prober stops before the store is back: the longest waiter whose lease is kept
-        probes now. With none left, the gate closes (the next failing call opens it again)."""
-        prober = outage.prober
-        if prober is not None:
-            prober.probing, prober.slot.probing = None, False
-        outage.prober = None
-        while outage.waiters:
-            waiter = next(iter(outage.waiters))
-            if waiter.wake is None or waiter.wake.done():
-                outage.waiters.pop(waiter)  # cancelled: it leaves on its own
-                continue
-            if waiter.slot.token is not None and not self._lease_kept(waiter.slot):
-                self._stopping(waiter, outage, raising=False)
-                self._wake(outage, waiter, _Wake.STOP)
-                continue
-            self._make_prober(waiter, outage)
-            log.debug("worker of user %s probes the store now", waiter.user_id)
-            self._wake(outage, waiter, _Wake.PROBE)
-            return
-        self._end(outage)
-        log.info(
-            "store still unavailable, but no worker waits for it any more after %.1f s"
-            " (%d waited, %d stopped: lease lost); the next failing call probes again",
-            self._seconds_since(outage.opened_at),
-            outage.waited,
-            outage.stopped,
-        )
-
-    async def _wait(self, me: _Call, outage: _Outage) -> None:
-        """Wait, calling nothing, until the outage is over and ``me``'s turn to resume came
-        (when the gate opened again meanwhile, until that outage is over too), or until
-        ``me`` is made the prober. Raises ``_LeaseGone`` when its lease is gone."""
-        while True:
-            outage.waited += 1
-            me.wake = asyncio.get_running_loop().create_future()
-            outage.waiters[me] = None
-            if outage.task is None or outage.task.done():
-                self._spawn(outage, self._check_leases(outage))
-            try:
-                wake = await me.wake
-            finally:
-                outage.waiters.pop(me, None)
-                me.wake = None
-            if wake is _Wake.STOP:
-                raise _LeaseGone  # logged by whoever found it
-            if me.slot.token is not None and not self._lease_kept(me.slot):
-                self._stopping(me, outage)
-            if wake is _Wake.PROBE:
-                outage.retries += 1
-                return
-            if self._outage is None:
-                log.debug("worker of user %s: %s resumes", me.user_id, me.what)
-                return
-            outage = self._outage  # open again before this worker's turn came
-
-    def _wake(self, outage: _Outage, call: _Call, why: _Wake) -> None:
-        outage.waiters.pop(call, None)
-        if call.wake is not None and not call.wake.done():
-            call.wake.set_result(why)
-
-    def _resume(self, outage: _Outage, batch: int) -> None:
-        for waiter in list(itertools.islice(outage.waiters, batch)):
-            self._wake(outage, waiter, _Wake.RESUME)
-
-    async def _resume_rest(self, outage: _Outage, batch: int) -> None:
-        """Resume the waiters of an outage that is over, a batch every ``RESUME_INTERVAL_S``."""
-        while outage.waiters:
-            await self._sleeper.sleep(RESUME_INTERVAL_S)
-            self._resume(outage, batch)
-
-    async def _check_leases(self, outage: _Outage) -> None:
-        """While the gate is open and workers wait: check their leases on the backoff
-        schedule, and stop the workers whose lease is gone (no worker calls with a lost
-        lease; waiting, it calls nothing)."""
-        delay = OUTAGE_BACKOFF_S
-        while outage.waiters and not outage.over:
-            await self._sleeper.sleep(delay)
-            delay = min(delay * 2, OUTAGE_BACKOFF_MAX_S)
-            for waiter in list(outage.waiters):
-                if waiter.slot.token is not None and not self._lease_kept(waiter.slot):
-                    self._stopping(waiter, outage, raising=False)
-                    self._wake(outage, waiter, _Wake.STOP)
-
-    def _spawn(self, outage: _Outage, work: Coroutine[object, object, None]) -> None:
-        """Run the outage's lease checks or its resumption (one at a time) in a task."""
-        task = asyncio.create_task(work, name="worker-outage")
-        outage.task = task
-        self._gate_tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._gate_tasks.discard(finished)
-            if outage.task is finished:
-                outage.task = None
-
-        task.add_done_callback(done)
-
-    def _stopping(self, call: _Call, outage: _Outage, *, raising: bool = True) -> None:
-        """``call``'s worker lost its lease during the outage: log it (a warning for the
-        first of the outage, debug after) and, by default, raise ``_LeaseGone``."""
-        outage.stopped += 1
-        log.log(
-            logging.WARNING if outage.stopped == 1 else logging.DEBUG,
-            "worker of user %s lost its lease during a store outage (%s); stopping, its"
-            " requests are left to the next holder",
-            call.user_id,
-            call.what,
-        )
-        if raising:
-            raise _LeaseGone
-
-    def _lease_kept(self, slot: _Slot) -> bool:
-        """Whether the worker may go on serving: the heartbeat has not found its lease lost
-        and renewed it less than a time to live ago. A lapsed lease counts as lost."""
-        if slot.lost:
+    def _lease_gone(self, slot: _Slot) -> bool:
+        """Whether the worker must stop (asked by the outage gate): it holds a lease, and the
+        heartbeat found it lost or has not renewed it for a whole time to live. A lapsed lease
+        counts as lost (the slot is marked so). Before a lease is taken there is nothing to
+        lose: False."""
+        if slot.token is None:
             return False
+        if slot.lost:
+            return True
         assert slot.renewed_at is not None
         if self._seconds_since(slot.renewed_at) >= self._settings.mark_ttl_s:
             slot.lost = True
-            return False
-        return True
+            return True
+        return False
