@@ -23,13 +23,13 @@ def save_fields(
     new: User | TradingAccount,
     previous: User | TradingAccount,
     guard: Collection[str] = (),
-    always: Collection[str] = (),
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The compare-and-set of ``UserRepository.save`` and ``TradingAccountRepository.save``:
     the fields where ``new`` differs from ``previous`` (written), and the fields the save
-    compares with ``previous`` (those, ``guard`` and ``always``), both in declaration order.
-    Raises TypeError for a ``guard`` name that is not a field and ValueError when
-    ``previous`` is another record."""
+    compares with ``previous`` (those, ``guard``, and for an account ``deleted``, so no write
+    lands on a deleted account), both in declaration order. Raises TypeError for a ``guard``
+    name that is not a field and ValueError when ``previous`` is another record."""
+    always = ("deleted",) if isinstance(new, TradingAccount) else ()
     names = tuple(f.name for f in attrs.fields(type(new)))
     unknown = sorted(set(guard) - set(names))
     if unknown:

@@ -30,12 +30,11 @@ def _compare_and_set(
     new: _Record,
     previous: _Record,
     guard: Collection[str],
-    always: Collection[str] = (),
 ) -> _Record | None:
     """``stored`` with the fields where ``new`` differs from ``previous`` taken from ``new``;
     None when there is no ``stored`` or a compared field (``save_fields``) no longer holds its
     value in ``previous``."""
-    changed, compared = save_fields(new, previous, guard, always)
+    changed, compared = save_fields(new, previous, guard)
     if stored is None or any(getattr(stored, f) != getattr(previous, f) for f in compared):
         return None
     return attrs.evolve(stored, **{f: getattr(new, f) for f in changed}) if changed else stored
@@ -215,7 +214,7 @@ class MemoryTradingAccountRepository:
         guard: Collection[str] = (),
     ) -> TradingAccount | None:
         old = self._accounts.get(previous.id)
-        stored = _compare_and_set(old, account, previous, guard, always=("deleted",))
+        stored = _compare_and_set(old, account, previous, guard)
         if old is None or stored is None:
             return None
         self._id_by_token_hash.pop(old.webhook_token_hash, None)

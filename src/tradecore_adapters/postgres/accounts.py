@@ -139,7 +139,7 @@ class PostgresTradingAccountRepository:
         previous: TradingAccount,
         guard: Collection[str] = (),
     ) -> TradingAccount | None:
-        changed, compared = save_fields(account, previous, guard, always=("deleted",))
+        changed, compared = save_fields(account, previous, guard)
         params = compare_and_set_params(_params(account), _params(previous), changed, compared)
         query = compare_and_set_query("trading_accounts", changed, compared)
         row = await fetch_one(self._pool, query, params)
