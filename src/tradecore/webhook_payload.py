@@ -42,8 +42,6 @@ MAX_INTEGER_DIGITS = 64
 # TradingView tickers: ES1!, BINANCE:BTCUSDT, EUR/USD, BRK.B. Matched after strip + upper.
 SYMBOL_PATTERN = re.compile(r"[A-Z0-9][A-Z0-9._\-/:!]{0,39}")
 
-_FIELDS = ("action", "symbol", "quantity", "order_type", "timestamp", "secret")
-
 
 @attrs.frozen
 class WebhookPayload:
@@ -331,6 +329,7 @@ _HOOKS: tuple[tuple[str, Callable[[object, object], object]], ...] = (
     ("secret", _secret),
 )
 """Each known field's rule: the converter's struct hooks and ``_structure_valid``'s."""
+_FIELDS = tuple(name for name, _ in _HOOKS)
 _REQUIRED_FIELDS = ("action", "symbol", "quantity")
 _REAL_ORDER_FIELDS = ("timestamp", "secret")
 
