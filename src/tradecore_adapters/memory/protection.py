@@ -58,15 +58,19 @@ class MemoryReplayStore:
         self._keys = _ExpiringKeys()
 
     async def claim(self, fingerprint: str, ttl_s: int) -> bool:
-        return self.claim_now(fingerprint, ttl_s)
+        return self.claim_at(self._clock.now(), fingerprint, ttl_s)
 
-    def held(self, fingerprint: str) -> bool:
-        """True while the fingerprint is claimed (synchronous, for MemoryWebhookAdmission)."""
-        return self._keys.live(fingerprint, self._clock.now())
+    def now(self) -> datetime:
+        """The time by this store's clock (MemoryWebhookAdmission reads it once per step)."""
+        return self._clock.now()
 
-    def claim_now(self, fingerprint: str, ttl_s: int) -> bool:
-        """``claim`` without a suspension point (for MemoryWebhookAdmission)."""
-        now = self._clock.now()
+    def held(self, fingerprint: str, now: datetime | None = None) -> bool:
+        """True while the fingerprint is claimed at ``now`` (default: the clock's time);
+        synchronous, for MemoryWebhookAdmission."""
+        return self._keys.live(fingerprint, self._clock.now() if now is None else now)
+
+    def claim_at(self, now: datetime, fingerprint: str, ttl_s: int) -> bool:
+        """``claim`` at ``now``, without a suspension point (for MemoryWebhookAdmission)."""
         if self._keys.live(fingerprint, now):
             return False
         self._keys.set(fingerprint, now, max(1, ttl_s))
@@ -88,15 +92,15 @@ class MemoryRateLimiter:
 
     async def hit(self, user_id: str, limit: int, window_s: float) -> RateDecision:
         try:
-            return self.hit_now(user_id, limit, window_s)
+            return self.hit_at(self._clock.now(), user_id, limit, window_s)
         except Exception:
             log.exception("rate limiter failed; admitting the request (fail open)")
             return RateDecision(True, max(limit - 1, 0), None)
 
-    def hit_now(self, user_id: str, limit: int, window_s: float) -> RateDecision:
-        """``hit`` without a suspension point and without failing open: raises ValueError on
-        a negative limit or a non-positive window (for MemoryWebhookAdmission)."""
-        now_s = self._clock.now().timestamp()
+    def hit_at(self, now: datetime, user_id: str, limit: int, window_s: float) -> RateDecision:
+        """``hit`` at ``now``, without a suspension point and without failing open: raises
+        ValueError on a negative limit or a non-positive window (for MemoryWebhookAdmission)."""
+        now_s = now.timestamp()
         entries, expires_at = self._windows.get(user_id, ((), now_s))
         if expires_at <= now_s:
             entries = ()
@@ -117,7 +121,8 @@ class MemoryWebhookAdmission:
     """WebhookAdmission over a MemoryReplayStore and a MemoryRateLimiter: the replay check, the
     hit and the claim run back to back with no ``await`` between them, so the step is atomic on
     the loop; a claim made here is released by ``replay.release`` and a hit counts in the same
-    window as ``limiter.hit``. Does not fail open."""
+    window as ``limiter.hit``. The step reads the time once, from the replay store's clock
+    (build both on one clock). Does not fail open."""
 
     def __init__(self, replay: MemoryReplayStore, limiter: MemoryRateLimiter) -> None:
         self._replay = replay
@@ -126,11 +131,12 @@ class MemoryWebhookAdmission:
     async def admit(
         self, fingerprint: str, ttl_s: int, user_id: str, limit: int, window_s: float
     ) -> Admission:
-        if self._replay.held(fingerprint):
+        now = self._replay.now()
+        if self._replay.held(fingerprint, now):
             return Admission(fresh=False, rate=None)
-        rate = self._limiter.hit_now(user_id, limit, window_s)
+        rate = self._limiter.hit_at(now, user_id, limit, window_s)
         if rate.allowed:
-            self._replay.claim_now(fingerprint, ttl_s)
+            self._replay.claim_at(now, fingerprint, ttl_s)
         return Admission(fresh=True, rate=rate)
 
 
