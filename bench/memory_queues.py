@@ -33,23 +33,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from datetime import timedelta
-from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tradecore.orders import (
-    AlertAction,
-    OrderRequest,
-    OrderResult,
-    OrderStatus,
-    OrderType,
-    Source,
-)
 from tradecore.ports.messaging import FillTask
-from tradecore.testing.clock import EPOCH, FakeClock
+from tradecore.testing.clock import FakeClock
+from tradecore.testing.orders import filled_result, order_request
 from tradecore_adapters.system import SystemClock
 from tradecore_entrypoints.loop import loop_factory
 
@@ -73,36 +64,6 @@ def load(impl: str) -> ModuleType:
     return module
 
 
-def order_request(user_id: str, n: int) -> OrderRequest:
-    return OrderRequest(
-        request_id=f"{user_id}-r{n}",
-        order_id=f"{user_id}-o{n}",
-        user_id=user_id,
-        trading_account_id="acct",
-        symbol="BTCUSDT",
-        action=AlertAction.BUY,
-        order_type=OrderType.ENTRY,
-        quantity=Decimal(1),
-        source=Source.WEBHOOK,
-        simulation=True,
-        created_at=EPOCH,
-        expires_at=EPOCH + timedelta(minutes=5),
-    )
-
-
-def order_result(request: OrderRequest) -> OrderResult:
-    return OrderResult(
-        order_id=request.order_id,
-        request_id=request.request_id,
-        status=OrderStatus.FILLED,
-        symbol=request.symbol,
-        action=request.action,
-        quantity=request.quantity,
-        filled_quantity=request.quantity,
-        fill_price=Decimal(100),
-    )
-
-
 async def order_round_trips(impl: ModuleType, idle: int, pairs: int, trips: int) -> float:
     """Microseconds per round trip, ``trips`` in all, with ``idle`` workers waiting."""
     clock = SystemClock()
@@ -114,8 +75,11 @@ async def order_round_trips(impl: ModuleType, idle: int, pairs: int, trips: int)
     for user in idle_users + busy_users:
         assert await directory.acquire(user, "bench", 3600) is not None
     per_pair = trips // pairs
-    requests = {u: [order_request(u, n) for n in range(per_pair)] for u in busy_users}
-    results = {r.request_id: order_result(r) for rs in requests.values() for r in rs}
+    requests = {
+        u: [order_request(f"{u}-r{n}", u, simulation=True) for n in range(per_pair)]
+        for u in busy_users
+    }
+    results = {r.request_id: filled_result(r) for rs in requests.values() for r in rs}
     waiting = [asyncio.create_task(queue.take(u, 3600)) for u in idle_users]
     await asyncio.sleep(0)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Literal
 from urllib.parse import urlsplit
@@ -29,16 +29,13 @@ import redis
 from redis.asyncio import Redis
 
 from tradecore.orders import (
-    AlertAction,
     OrderRequest,
     OrderResult,
-    OrderStatus,
-    OrderType,
-    Source,
 )
 from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, WorkerDirectory
 from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
-from tradecore.testing.clock import EPOCH, FakeClock
+from tradecore.testing import orders as testing_orders
+from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.messaging import (
     MemoryFillTaskQueue,
     MemoryOrderQueue,
@@ -135,34 +132,11 @@ async def redis_connections(redis_url: str) -> AsyncIterator[RedisConnections]:
 
 
 def order_request(request_id: str, user_id: str = "u1") -> OrderRequest:
-    return OrderRequest(
-        request_id=request_id,
-        order_id=f"order-{request_id}",
-        user_id=user_id,
-        trading_account_id="acct",
-        symbol="BTCUSDT",
-        action=AlertAction.BUY,
-        order_type=OrderType.ENTRY,
-        quantity=Decimal("1.50"),
-        source=Source.WEBHOOK,
-        simulation=False,
-        created_at=EPOCH,
-        expires_at=EPOCH + timedelta(minutes=5),
-    )
+    return testing_orders.order_request(request_id, user_id, quantity=Decimal("1.50"))
 
 
 def order_result(request: OrderRequest) -> OrderResult:
-    return OrderResult(
-        order_id=request.order_id,
-        request_id=request.request_id,
-        status=OrderStatus.FILLED,
-        symbol=request.symbol,
-        action=request.action,
-        quantity=request.quantity,
-        filled_quantity=request.quantity,
-        fill_price=Decimal("100.25"),
-        broker_refs=("b-1",),
-    )
+    return testing_orders.filled_result(request, fill_price=Decimal("100.25"), broker_refs=("b-1",))
 
 
 def fill_task(order_id: str, user_id: str = "u1") -> FillTask:

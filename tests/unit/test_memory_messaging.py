@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any, TypeVar
 
 import attrs
@@ -20,12 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from tradecore.orders import (
-    AlertAction,
     OrderRequest,
     OrderResult,
-    OrderStatus,
-    OrderType,
-    Source,
 )
 from tradecore.ports.messaging import (
     FillDelivery,
@@ -34,7 +29,8 @@ from tradecore.ports.messaging import (
     OrderQueue,
     WorkerDirectory,
 )
-from tradecore.testing.clock import EPOCH, FakeClock
+from tradecore.testing.clock import FakeClock
+from tradecore.testing.orders import filled_result, order_request
 from tradecore_adapters.memory import messaging
 from tradecore_adapters.memory.messaging import (
     REPLY_TTL_S,
@@ -87,33 +83,11 @@ async def hold(directory: MemoryWorkerDirectory, user_id: str = "u1", ttl_s: flo
 
 
 def request(request_id: str, user_id: str = "u1") -> OrderRequest:
-    return OrderRequest(
-        request_id=request_id,
-        order_id=f"order-{request_id}",
-        user_id=user_id,
-        trading_account_id="acct",
-        symbol="BTCUSDT",
-        action=AlertAction.BUY,
-        order_type=OrderType.ENTRY,
-        quantity=Decimal(1),
-        source=Source.WEBHOOK,
-        simulation=False,
-        created_at=EPOCH,
-        expires_at=EPOCH + timedelta(minutes=5),
-    )
+    return order_request(request_id, user_id)
 
 
 def result(req: OrderRequest) -> OrderResult:
-    return OrderResult(
-        order_id=req.order_id,
-        request_id=req.request_id,
-        status=OrderStatus.FILLED,
-        symbol=req.symbol,
-        action=req.action,
-        quantity=req.quantity,
-        filled_quantity=req.quantity,
-        fill_price=Decimal("100"),
-    )
+    return filled_result(req)
 
 
 def test_adapters_implement_the_ports(
