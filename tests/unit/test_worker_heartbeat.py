@@ -102,6 +102,29 @@ async def test_the_heartbeat_renews_every_due_lease_in_one_batch(world: World) -
     assert world.directory.single_renewals == []  # the idle workers made no call of their own
 
 
+async def test_each_lease_is_renewed_once_it_is_due_whenever_its_worker_started(
+    world: World,
+) -> None:
+    await serving(world, "user-1")
+    world.clock.advance(3)
+    assert await world.host.heartbeat() == set()  # user-1 is due at 5 s
+    await serving(world, "user-2")  # taken at 3 s: due at 8 s
+    world.clock.advance(3)
+
+    await world.host.heartbeat()
+    assert [set(batch) for batch in world.directory.batches] == [{"user-1"}]  # renewed at 6 s
+    world.clock.advance(1.9)
+    await world.host.heartbeat()
+    assert len(world.directory.batches) == 1  # user-2 is not due before 8 s
+    world.clock.advance(0.1)
+    await world.host.heartbeat()
+    assert set(world.directory.batches[-1]) == {"user-2"}
+    world.clock.advance(3)  # 11 s: user-1, renewed at 6 s, is due again
+    await world.host.heartbeat()
+    assert set(world.directory.batches[-1]) == {"user-1"}
+    assert world.directory.single_renewals == []
+
+
 async def test_a_lease_the_heartbeat_finds_lost_stops_its_worker_and_a_start_replaces_it(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

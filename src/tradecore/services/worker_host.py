@@ -149,6 +149,7 @@ class WorkerHost:
         self._sleeper = sleeper
         self._settings = settings or HostSettings()
         self._slots: dict[str, _Slot] = {}
+        self._next_renewal: datetime | None = None  # the heartbeat's next due lease, if known
         self._control: asyncio.Task[None] | None = None
         self._confirming: set[asyncio.Task[None]] = set()
         self._gate = OutageGate[_Slot](
@@ -277,9 +278,14 @@ class WorkerHost:
     async def heartbeat(self) -> set[str]:
         """Renew, in one batch, every lease of this host last renewed a sixth of its time to
         live ago or more. Returns the users whose lease was lost; their workers take nothing
-        more."""
+        more. Until the earliest lease held is due it returns at once, without looking at the
+        workers (the control loop calls it after every start request: a burst of activations
+        must not cost a scan of every worker each)."""
         ttl_s = self._settings.mark_ttl_s
-        renewed_by = self._clock.now() - timedelta(seconds=ttl_s / 6)  # one clock read
+        now = self._clock.now()  # one clock read
+        if self._next_renewal is not None and now < self._next_renewal:
+            return set()  # no lease is due yet: the slots are not scanned
+        renewed_by = now - timedelta(seconds=ttl_s / 6)
         due = {
             user_id: slot.token
             for user_id, slot in self._slots.items()
@@ -288,20 +294,36 @@ class WorkerHost:
             and slot.renewed_at is not None
             and slot.renewed_at <= renewed_by
         }
-        if not due:
-            return set()
-        sent = self._clock.now()
-        lost = await self._directory.renew_many(due, ttl_s)
-        for user_id, token in due.items():
-            slot = self._slots.get(user_id)
-            if slot is None or slot.token != token:
-                continue  # the worker ended meanwhile
-            if user_id in lost:
-                slot.lost = True
-                log.warning("worker of user %s lost its lease (token %d); stopping", user_id, token)
-            elif slot.renewed_at is None or slot.renewed_at < sent:
-                slot.renewed_at = sent
+        lost: set[str] = set()
+        if due:
+            sent = self._clock.now()
+            lost = await self._directory.renew_many(due, ttl_s)
+            for user_id, token in due.items():
+                slot = self._slots.get(user_id)
+                if slot is None or slot.token != token:
+                    continue  # the worker ended meanwhile
+                if user_id in lost:
+                    slot.lost = True
+                    log.warning(
+                        "worker of user %s lost its lease (token %d); stopping", user_id, token
+                    )
+                elif slot.renewed_at is None or slot.renewed_at < sent:
+                    slot.renewed_at = sent
+        self._next_renewal = self._earliest_renewal()
         return lost
+
+    def _earliest_renewal(self) -> datetime | None:
+        """When the first lease held now becomes due (None: none is held). A renewal only
+        moves a lease's time later, and a lease taken later is recorded by ``_acquire``, so
+        until then the heartbeat has nothing to renew."""
+        held = [
+            slot.renewed_at
+            for slot in self._slots.values()
+            if slot.token is not None and not slot.lost and slot.renewed_at is not None
+        ]
+        if not held:
+            return None
+        return min(held) + timedelta(seconds=self._settings.mark_ttl_s / 6)
 
     async def _serve(self, user_id: str, slot: _Slot) -> None:
         settings = self._settings
@@ -378,6 +400,9 @@ class WorkerHost:
         token = await self._gate.outlast(user_id, slot, "taking its lease", acquire)
         if token is not None:
             slot.token, slot.renewed_at = token, sent
+            due = sent + timedelta(seconds=self._settings.mark_ttl_s / 6)
+            if self._next_renewal is not None and due < self._next_renewal:
+                self._next_renewal = due
         return token
 
     async def _renew(self, user_id: str, slot: _Slot, token: int) -> bool:
