@@ -9,6 +9,7 @@ stays bounded by the live keys.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from datetime import datetime, timedelta
 
@@ -22,11 +23,12 @@ _SWEEP_EVERY = 1024
 
 
 class _ExpiringKeys:
-    """Keys with an expiry time; a key at or past its expiry is absent."""
+    """Keys with an expiry time; a key at or past its expiry is absent. Expired keys leave as
+    time passes, in expiry order (a heap), so no write pays for a scan of every key."""
 
     def __init__(self) -> None:
         self._expiry: dict[str, datetime] = {}
-        self._writes = 0
+        self._due: list[tuple[datetime, str]] = []  # (expiry, key), one entry per set
 
     def live(self, key: str, now: datetime) -> bool:
         expiry = self._expiry.get(key)
@@ -38,13 +40,20 @@ class _ExpiringKeys:
         return True
 
     def set(self, key: str, now: datetime, ttl_s: float) -> None:
-        self._expiry[key] = now + timedelta(seconds=ttl_s)
-        self._writes += 1
-        if self._writes % _SWEEP_EVERY == 0:
-            self._expiry = {k: e for k, e in self._expiry.items() if e > now}
+        expiry = now + timedelta(seconds=ttl_s)
+        self._expiry[key] = expiry
+        heapq.heappush(self._due, (expiry, key))
+        self._drop_expired(now)
 
     def delete(self, key: str) -> None:
         self._expiry.pop(key, None)
+
+    def _drop_expired(self, now: datetime) -> None:
+        due = self._due
+        while due and due[0][0] <= now:
+            expiry, key = heapq.heappop(due)
+            if self._expiry.get(key) == expiry:  # else set again since, with a later expiry
+                del self._expiry[key]
 
     def __len__(self) -> int:
         return len(self._expiry)
