@@ -252,22 +252,22 @@ def _describe(exc: BaseException, _type: object) -> str:
     return "invalid value"
 
 
+_ACTIONS = {action.value: action for action in AlertAction}
+_ORDER_TYPES = {order_type.value: order_type for order_type in OrderType}
+
+
 def _action(value: object, _: object) -> AlertAction:
-    if isinstance(value, str):
-        wanted = value.strip().lower()
-        for action in AlertAction:
-            if action.value == wanted:
-                return action
-    raise _FieldError("must be one of buy, sell, close_long, close_short")
+    action = _ACTIONS.get(value.strip().lower()) if isinstance(value, str) else None
+    if action is None:
+        raise _FieldError("must be one of buy, sell, close_long, close_short")
+    return action
 
 
 def _order_type(value: object, _: object) -> OrderType:
-    if isinstance(value, str):
-        wanted = value.strip().lower()
-        for order_type in OrderType:
-            if order_type.value == wanted:
-                return order_type
-    raise _FieldError("must be entry or exit")
+    order_type = _ORDER_TYPES.get(value.strip().lower()) if isinstance(value, str) else None
+    if order_type is None:
+        raise _FieldError("must be entry or exit")
+    return order_type
 
 
 def _symbol(value: object, _: object) -> str:
