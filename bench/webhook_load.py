@@ -613,6 +613,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
     parser.add_argument("--timeout", type=float, default=10.0, help="per-request seconds")
     parser.add_argument("--label", default=None, help="result file name (default: mode+time)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where to write it")
     args = parser.parse_args()
 
     document = json.loads(args.accounts_file.read_text())
@@ -640,9 +641,9 @@ def main() -> None:
         "duration_s": args.duration,
         "webhooks": result,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"{args.label or args.mode}-{stamp}.json"
+    out = args.results_dir / f"{args.label or args.mode}-{stamp}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     print(f"written to {out}")
