@@ -70,7 +70,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
 import attrs
@@ -107,6 +107,12 @@ class HostSettings:
     mark_ttl_s: float = DEFAULT_MARK_TTL_S
     poll_s: float = 1.0
     sweep_s: float = 5.0
+
+    @property
+    def heartbeat_age(self) -> timedelta:
+        """A lease renewed this long ago or more is due for the heartbeat (a sixth of its
+        time to live)."""
+        return timedelta(seconds=self.mark_ttl_s / 6)
 
 
 @attrs.define
@@ -236,7 +242,7 @@ class WorkerHost:
         after a backoff (``OUTAGE_BACKOFF_S`` doubling up to ``OUTAGE_BACKOFF_MAX_S``) and
         logged once: a warning when it begins, a debug line per retry, an info line after."""
         settings = self._settings
-        wait_s = min(settings.poll_s, settings.sweep_s, settings.mark_ttl_s / 6)
+        wait_s = min(settings.poll_s, settings.sweep_s, settings.heartbeat_age.total_seconds())
         last_sweep: datetime | None = None
         retries = 0
         delay = OUTAGE_BACKOFF_S
@@ -285,15 +291,8 @@ class WorkerHost:
         now = self._clock.now()  # one clock read
         if self._next_renewal is not None and now < self._next_renewal:
             return set()  # no lease is due yet: the slots are not scanned
-        renewed_by = now - timedelta(seconds=ttl_s / 6)
-        due = {
-            user_id: slot.token
-            for user_id, slot in self._slots.items()
-            if slot.token is not None
-            and not slot.lost
-            and slot.renewed_at is not None
-            and slot.renewed_at <= renewed_by
-        }
+        renewed_by = now - self._settings.heartbeat_age
+        due = {user_id: token for user_id, token, at in self._held() if at <= renewed_by}
         lost: set[str] = set()
         if due:
             sent = self._clock.now()
@@ -316,14 +315,15 @@ class WorkerHost:
         """When the first lease held now becomes due (None: none is held). A renewal only
         moves a lease's time later, and a lease taken later is recorded by ``_acquire``, so
         until then the heartbeat has nothing to renew."""
-        held = [
-            slot.renewed_at
-            for slot in self._slots.values()
-            if slot.token is not None and not slot.lost and slot.renewed_at is not None
-        ]
-        if not held:
-            return None
-        return min(held) + timedelta(seconds=self._settings.mark_ttl_s / 6)
+        oldest = min((at for _, _, at in self._held()), default=None)
+        return None if oldest is None else oldest + self._settings.heartbeat_age
+
+    def _held(self) -> Iterator[tuple[str, int, datetime]]:
+        """(user, token, time of the last renewal) of each lease this host holds and has not
+        found lost."""
+        for user_id, slot in self._slots.items():
+            if slot.token is not None and not slot.lost and slot.renewed_at is not None:
+                yield user_id, slot.token, slot.renewed_at
 
     async def _serve(self, user_id: str, slot: _Slot) -> None:
         settings = self._settings
@@ -400,7 +400,7 @@ class WorkerHost:
         token = await self._gate.outlast(user_id, slot, "taking its lease", acquire)
         if token is not None:
             slot.token, slot.renewed_at = token, sent
-            due = sent + timedelta(seconds=self._settings.mark_ttl_s / 6)
+            due = sent + self._settings.heartbeat_age
             if self._next_renewal is not None and due < self._next_renewal:
                 self._next_renewal = due
         return token
