@@ -18,6 +18,7 @@ the secret nor anything pasted into another field can leak into a response or th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -252,22 +253,18 @@ def _describe(exc: BaseException, _type: object) -> str:
     return "invalid value"
 
 
-_ACTIONS = {action.value: action for action in AlertAction}
-_ORDER_TYPES = {order_type.value: order_type for order_type in OrderType}
-
-
 def _action(value: object, _: object) -> AlertAction:
-    action = _ACTIONS.get(value.strip().lower()) if isinstance(value, str) else None
-    if action is None:
-        raise _FieldError("must be one of buy, sell, close_long, close_short")
-    return action
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # the enum's own lookup by value
+            return AlertAction(value.strip().lower())
+    raise _FieldError("must be one of buy, sell, close_long, close_short")
 
 
 def _order_type(value: object, _: object) -> OrderType:
-    order_type = _ORDER_TYPES.get(value.strip().lower()) if isinstance(value, str) else None
-    if order_type is None:
-        raise _FieldError("must be entry or exit")
-    return order_type
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return OrderType(value.strip().lower())
+    raise _FieldError("must be entry or exit")
 
 
 def _symbol(value: object, _: object) -> str:
