@@ -19,8 +19,9 @@ from typing import Any
 from tradecore.audit import RequestContext
 from tradecore.identity import Plan, User
 from tradecore.orders import OrderResult, OrderStatus
-from tradecore.services.outcomes import Accepted, OrderOutcome, Queued, Rejected
+from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.provisioning import NewAccount
+from tradecore.services.vocabulary import Rejected
 from tradecore_entrypoints.embedded import EmbeddedSystem, build_embedded
 
 Echo = Callable[[str], Any]

@@ -34,7 +34,6 @@ from smtp_support import Inbox, free_port
 from tradecore.audit import AuditAction, AuditEntry, RequestContext, StoredAuditEntry
 from tradecore.identity import AllowedIp, Plan, User
 from tradecore.security import ATTACK_POLICIES
-from tradecore.services.outcomes import Rejected
 from tradecore.services.provisioning import NewAccount
 from tradecore.services.security_report import (
     ACCOUNT_COUNT_LIMIT,
@@ -44,6 +43,7 @@ from tradecore.services.security_report import (
     ReportQuery,
     parse_report_query,
 )
+from tradecore.services.vocabulary import Rejected
 from tradecore.services.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher

@@ -25,9 +25,9 @@ from tradecore.services.account_security import (
     AccountSecurity,
     AccountSettings,
 )
-from tradecore.services.auth import Authenticator, AuthSettings, LoginResult, Principal
-from tradecore.services.outcomes import Rejected
+from tradecore.services.auth import Authenticator, AuthSettings, LoginResult
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.sessions import hash_token
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher

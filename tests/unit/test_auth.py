@@ -26,10 +26,9 @@ from tradecore.services.auth import (
     AuthSettings,
     IssuedTokens,
     LoginResult,
-    Principal,
 )
-from tradecore.services.outcomes import Rejected
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.sessions import access_claims, hash_token, new_api_key
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher

@@ -24,8 +24,9 @@ from tradecore.orders import (
     Source,
 )
 from tradecore.services.dispatch import Dispatched, OrderDispatcher, OrderIntent
-from tradecore.services.outcomes import Accepted, Queued, Rejected
+from tradecore.services.outcomes import Accepted, Queued
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import EPOCH, SeededRandom
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
 

@@ -10,7 +10,8 @@ from support import Trader
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.orders import OrderRequest, OrderStatus
 from tradecore.ports.protection import Admission
-from tradecore.services.outcomes import Accepted, Rejected
+from tradecore.services.outcomes import Accepted
+from tradecore.services.vocabulary import Rejected
 
 
 async def test_key_value_store_down_is_503_and_spends_nothing(

@@ -18,8 +18,9 @@ from tradecore.limits import PlanCaps
 from tradecore.orders import AlertAction
 from tradecore.ports.protection import Admission
 from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted, Rejected
+from tradecore.services.outcomes import Accepted
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.protection import (
     MemoryRateLimiter,

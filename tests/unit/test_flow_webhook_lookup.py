@@ -18,7 +18,8 @@ from tradecore.limits import start_of_utc_day
 from tradecore.orders import AlertAction
 from tradecore.ports.repositories import WebhookOwner
 from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted, Rejected
+from tradecore.services.outcomes import Accepted
+from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks import hash_secret
 
 

@@ -13,8 +13,9 @@ from support import Trader, make_trader
 
 from tradecore.broker import Broker
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
-from tradecore.services.outcomes import Accepted, Queued, Rejected
+from tradecore.services.outcomes import Accepted, Queued
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper

@@ -10,7 +10,7 @@ from support import ATTACKER_IP, Trader, webhook_body
 
 from tradecore.audit import AuditAction
 from tradecore.ports.identity import MailMessage
-from tradecore.services.outcomes import Rejected
+from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
 
 

@@ -21,11 +21,10 @@ from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
 from tradecore.ports.crypto import DecryptionFailed
-from tradecore.services.auth import Principal
-from tradecore.services.outcomes import Rejected
 from tradecore.services.provisioning import NewAccount, Provisioning
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.trading_accounts import AccountRules, TradingAccounts
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore.webhooks import hash_secret
 from tradecore_adapters.crypto.cipher import AesGcmCipher

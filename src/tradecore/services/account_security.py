@@ -36,15 +36,9 @@ from tradecore.ports.repositories import (
 )
 from tradecore.ports.resets import PasswordResetTokens
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.auth import (
-    UNAVAILABLE,
-    AuthSettings,
-    BotChallenge,
-    Principal,
-    bad_request,
-)
-from tradecore.services.outcomes import Rejected
+from tradecore.services.auth import AuthSettings, BotChallenge
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected, bad_request
 from tradecore.sessions import hash_token, new_api_key, normalize_email, validate_password
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,13 @@ import attrs
 
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import InvalidToken, StoreUnavailable
-from tradecore.identity import ApiKey, Plan, Session, User
+from tradecore.identity import Session, User
 from tradecore.ports.identity import CaptchaVerifier, PasswordHasher, TokenCodec
 from tradecore.ports.protection import RateLimiter
 from tradecore.ports.repositories import ApiKeyRepository, SessionRepository, UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.outcomes import Rejected
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected, bad_request
 from tradecore.sessions import (
     ACCESS_TOKEN_EXPIRE_MINUTES,
     CSRF_TOKEN_BYTES,
@@ -52,17 +52,11 @@ log = logging.getLogger(__name__)
 
 JTI_BYTES = 16
 
-UNAVAILABLE = Rejected(503, "unavailable", "Service temporarily unavailable")
 INVALID_CREDENTIALS = Rejected(401, "invalid_credentials", "Invalid e-mail or password")
 NOT_AUTHENTICATED = Rejected(401, "not_authenticated", "Authentication required")
 INVALID_REFRESH = Rejected(401, "invalid_refresh_token", "Session expired; log in again")
 USER_DISABLED = Rejected(403, "user_disabled", "This account is disabled")
 CAPTCHA_FAILED = Rejected(403, "captcha_failed", "Bot challenge failed")
-
-
-def bad_request(detail: str) -> Rejected:
-    """400 with a reason that is safe to show."""
-    return Rejected(400, "invalid_request", detail)
 
 
 def _positive(_: object, attribute: attrs.Attribute[timedelta], value: timedelta) -> None:
@@ -119,37 +113,6 @@ class LoginResult:
 
     def __repr__(self) -> str:
         return f"LoginResult(user_id={self.user.id!r}, session_id={self.session.id!r})"
-
-
-@attrs.frozen(repr=False)
-class Principal:
-    """Who is making a request. ``session`` is None for an API key (``api_key`` set), and
-    ``via_cookie`` is true only for the access-token cookie (CSRF and BrowserOnly apply).
-    ``plan`` is the plan in force at the time of the request (expired subscriptions drop to
-    free)."""
-
-    user: User
-    session: Session | None
-    api_key: ApiKey | None
-    via_cookie: bool
-    plan: Plan
-
-    @property
-    def user_id(self) -> str:
-        return self.user.id
-
-    @property
-    def has_browser_session(self) -> bool:
-        """True for a session token (cookie or bearer), false for an API key."""
-        return self.session is not None
-
-    def __repr__(self) -> str:
-        session_id = None if self.session is None else self.session.id
-        key_id = None if self.api_key is None else self.api_key.id
-        return (
-            f"Principal(user_id={self.user.id!r}, session_id={session_id!r}, "
-            f"api_key_id={key_id!r}, via_cookie={self.via_cookie}, plan={self.plan.value!r})"
-        )
 
 
 class BotChallenge:

@@ -23,9 +23,10 @@ from tradecore.ports.runtime import Clock
 from tradecore.security import ip_blocked_metadata
 from tradecore.services.dispatch import OrderDispatcher, OrderIntent
 from tradecore.services.order_checks import OrderChecks
-from tradecore.services.outcomes import OrderOutcome, Rejected
+from tradecore.services.outcomes import OrderOutcome
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 
 
 @attrs.frozen

@@ -38,8 +38,9 @@ from tradecore.orders import (
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import RandomSource
-from tradecore.services.outcomes import Accepted, Queued, Rejected
+from tradecore.services.outcomes import Accepted, Queued
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from tradecore.limits import daily_cap_reached, real_orders_allowed, start_of_ut
 from tradecore.orders import Source
 from tradecore.ports.protection import RateDecision, RateLimiter
 from tradecore.ports.repositories import OrderHistory
-from tradecore.services.outcomes import Rejected
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks import symbol_allowed
 
 

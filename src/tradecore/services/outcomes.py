@@ -9,17 +9,7 @@ from __future__ import annotations
 import attrs
 
 from tradecore.orders import OrderResult
-
-
-@attrs.frozen
-class Rejected:
-    """A refusal. ``code`` is a stable machine-readable word; ``detail`` is safe to show (it
-    never reveals which hidden check failed beyond what the status already says)."""
-
-    status: int
-    code: str
-    detail: str
-    retry_after_s: float | None = None
+from tradecore.services.vocabulary import Rejected
 
 
 @attrs.frozen

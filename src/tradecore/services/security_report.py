@@ -30,8 +30,7 @@ from tradecore.errors import StoreUnavailable
 from tradecore.ports.repositories import AuditLog, TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.security import ATTACK_POLICIES
-from tradecore.services.auth import UNAVAILABLE, Principal, bad_request
-from tradecore.services.outcomes import Rejected
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected, bad_request
 
 DEFAULT_PAGE = 1
 MAX_PAGE = 10_000

@@ -44,10 +44,9 @@ from tradecore.ports.crypto import (
 )
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.services.account_security import BROWSER_SESSION_REQUIRED
-from tradecore.services.auth import UNAVAILABLE, Principal, bad_request
-from tradecore.services.outcomes import Rejected
 from tradecore.services.provisioning import NewAccount, Provisioning
 from tradecore.services.security_events import SecurityEvents
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected, bad_request
 from tradecore.webhook_payload import SYMBOL_PATTERN, canonical_symbol
 
 log = logging.getLogger(__name__)

@@ -41,9 +41,10 @@ from tradecore.security import (
 )
 from tradecore.services.dispatch import Duplicate, OrderDispatcher, OrderIntent
 from tradecore.services.order_checks import OrderChecks
-from tradecore.services.outcomes import OrderOutcome, Rejected
+from tradecore.services.outcomes import OrderOutcome
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
+from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks import (
     PayloadInvalid,
     hash_secret,

@@ -16,8 +16,7 @@ from aiohttp import web
 from tradecore.audit import AuditAction
 from tradecore.security import csrf_metadata
 from tradecore.services.account_security import BROWSER_SESSION_REQUIRED
-from tradecore.services.auth import Principal
-from tradecore.services.outcomes import Rejected
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.sessions import csrf_matches, csrf_required
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE
 from tradecore_adapters.http.problems import Problem

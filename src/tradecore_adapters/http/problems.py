@@ -14,7 +14,7 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from tradecore.services.outcomes import Rejected
+from tradecore.services.vocabulary import Rejected
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:tradecore:problem:"

@@ -14,9 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from tradecore.audit import AuditAction
-from tradecore.services.auth import Principal
-from tradecore.services.outcomes import Rejected
 from tradecore.services.provisioning import webhook_url
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import json_object
 from tradecore_adapters.http.principal import audit_refusal, authenticate

@@ -18,8 +18,8 @@ from aiohttp import web
 from tradecore.audit import AuditAction
 from tradecore.identity import User
 from tradecore.ports.crypto import TransportKeyUnavailable
-from tradecore.services.auth import IssuedTokens, LoginResult, Principal
-from tradecore.services.outcomes import Rejected
+from tradecore.services.auth import IssuedTokens, LoginResult
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import form_fields, json_object
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE, REFRESH_COOKIE

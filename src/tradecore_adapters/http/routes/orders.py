@@ -22,7 +22,8 @@ from aiohttp import web
 from tradecore.audit import AuditAction
 from tradecore.orders import OrderHistoryRecord
 from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted, OrderOutcome, Queued, Rejected
+from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
+from tradecore.services.vocabulary import Rejected
 from tradecore.webhook_payload import PayloadInvalid, as_utc, parse_webhook_body
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import parse_json_object, read_body

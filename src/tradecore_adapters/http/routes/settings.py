@@ -13,9 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from tradecore.audit import AuditAction
-from tradecore.services.auth import Principal
-from tradecore.services.outcomes import Rejected
 from tradecore.services.security_report import SecurityReport, SecurityReportPage
+from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import json_object
 from tradecore_adapters.http.principal import audit_refusal, authenticate
