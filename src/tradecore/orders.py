@@ -195,7 +195,7 @@ def to_instruction(action: AlertAction, order_type: OrderType = OrderType.ENTRY)
 
 
 class RejectionCode(enum.StrEnum):
-    """Error codes of OrderResult.error (contract.md)."""
+    """Error codes of OrderResult.error (docs/api.md, "Bodies")."""
 
     INSUFFICIENT_MARGIN = "insufficient_margin"
     MARKET_CLOSED = "market_closed"
@@ -252,7 +252,7 @@ class OrderRequest:
 
 @attrs.frozen
 class OrderResult:
-    """What an order endpoint returns (contract.md lists the fields)."""
+    """What an order endpoint returns (docs/api.md lists the fields)."""
 
     order_id: str
     request_id: str

@@ -14,6 +14,7 @@ import pytest
 from tradecore.accounts import TradingAccount
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import Plan, User
+from tradecore.order_lifecycle import Submitted
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -143,7 +144,7 @@ async def test_statement_timeout_is_database_unavailable(pg_conninfo: str, pg_po
         async with pg_pool.connection() as holder, holder.transaction():
             await holder.execute("SELECT 1 FROM order_history WHERE id = 'o-1' FOR UPDATE")
             with pytest.raises(DatabaseUnavailable) as waited:
-                await history.transition("o-1", {OrderStatus.QUEUED}, {"symbol": "ETHUSDT"})
+                await history.transition("o-1", Submitted(now, Decimal(0)))
         assert isinstance(waited.value.__cause__, psycopg.errors.QueryCanceled)
         assert await history.get("o-1") == record
     finally:

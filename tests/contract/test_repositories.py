@@ -642,60 +642,6 @@ async def test_concurrent_adds_of_one_fingerprint_store_one_row(stores: Stores) 
     assert len(await stores.orders.list_for_user("user-1")) == 1
 
 
-async def test_transition_is_compare_and_set(stores: Stores) -> None:
-    await two_users_with_accounts(stores)
-    await stores.orders.add(order("o-1"))
-    assert await stores.orders.transition("o-1", {OrderStatus.SUBMITTED}, {"fill_price": 1}) is None
-    assert await stores.orders.get("o-1") == order("o-1")
-    changes: dict[str, Any] = {
-        "status": OrderStatus.FILLED,
-        "fill_price": Decimal("100.50"),
-        "fill_quantity": Decimal("0.010"),
-        "filled_at": at(5),
-        "broker_refs": ("b-1",),
-        "error": None,
-        "exit_order_result": {"status": "none"},
-    }
-    updated = await stores.orders.transition(
-        "o-1", {OrderStatus.QUEUED, OrderStatus.SUBMITTED}, changes
-    )
-    assert updated == attrs.evolve(order("o-1"), **changes)
-    assert await stores.orders.get("o-1") == updated
-    assert await stores.orders.transition("o-1", {OrderStatus.QUEUED}, {}) is None
-    assert await stores.orders.transition("missing", set(OrderStatus), {}) is None
-    assert await stores.orders.transition("o-1", (), {}) is None
-
-
-async def test_concurrent_transitions_from_queued_let_exactly_one_win(stores: Stores) -> None:
-    await two_users_with_accounts(stores)
-    await stores.orders.add(order("o-1"))
-    results = await asyncio.gather(
-        *(
-            stores.orders.transition(
-                "o-1",
-                {OrderStatus.QUEUED},
-                {"status": OrderStatus.SUBMITTED, "client_order_id": f"claim-{i}"},
-            )
-            for i in range(8)
-        )
-    )
-    winners = [r for r in results if r is not None]
-    assert len(winners) == 1
-    assert await stores.orders.get("o-1") == winners[0]
-
-
-async def test_transition_to_null_fingerprint_frees_it(stores: Stores) -> None:
-    await two_users_with_accounts(stores)
-    await stores.orders.add(order("o-1", fingerprint="fp"))
-    released = await stores.orders.transition(
-        "o-1", {OrderStatus.QUEUED}, {"status": OrderStatus.EXPIRED, "fingerprint": None}
-    )
-    assert released is not None and released.fingerprint is None
-    await stores.orders.add(order("o-2", fingerprint="fp"))
-    with pytest.raises(DuplicateOrder):
-        await stores.orders.add(order("o-3", fingerprint="fp"))
-
-
 async def test_orders_listed_newest_first_with_cursor_and_account_filter(stores: Stores) -> None:
     await two_users_with_accounts(stores)
     await stores.accounts.add(account(3, user_id="user-1"))

@@ -5,15 +5,14 @@ dispatcher waits for the worker's reply; the dispatch returns only when both are
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
 from tradecore.accounts import TradingAccount
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable
 from tradecore.identity import Plan, User
+from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -93,12 +92,7 @@ class ClaimedOrders(MemoryOrderHistory):
         super().__init__()
         self.down = down
 
-    async def transition(
-        self,
-        order_id: str,
-        expected: Collection[OrderStatus],
-        changes: Mapping[str, Any],
-    ) -> OrderHistoryRecord | None:
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
         if self.down:
             raise DatabaseUnavailable("postgres down")
         return None

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
+from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -18,10 +16,11 @@ from tradecore.orders import (
     Side,
     Source,
 )
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.ports.messaging import FillTask
 from tradecore.services.fill_verifier import FillVerifier
 from tradecore.testing.clock import FakeClock
-from tradecore_adapters.memory.messaging import MemoryFillTaskQueue
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
 
 PLACED = datetime(2025, 5, 6, 7, 8, 9, tzinfo=UTC)
@@ -30,16 +29,11 @@ PLACED = datetime(2025, 5, 6, 7, 8, 9, tzinfo=UTC)
 class CountingHistory(MemoryOrderHistory):
     def __init__(self) -> None:
         super().__init__()
-        self.transitions: list[Mapping[str, Any]] = []
+        self.transitions: list[OrderChange] = []
 
-    async def transition(
-        self,
-        order_id: str,
-        expected: Collection[OrderStatus],
-        changes: Mapping[str, Any],
-    ) -> OrderHistoryRecord | None:
-        self.transitions.append(dict(changes))
-        return await super().transition(order_id, expected, changes)
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        self.transitions.append(change)
+        return await super().transition(order_id, change)
 
 
 def placed_row(status: OrderStatus, filled: Decimal) -> OrderHistoryRecord:

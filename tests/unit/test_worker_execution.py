@@ -8,7 +8,6 @@ idempotent across a process restart.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -16,8 +15,8 @@ import attrs
 import pytest
 from support import queued_row, request_for
 
-from tradecore.broker import Broker, BrokerOrder
 from tradecore.errors import BrokerDisconnected
+from tradecore.order_lifecycle import OrderChange, Submitted
 from tradecore.orders import (
     OrderHistoryRecord,
     OrderRequest,
@@ -25,12 +24,13 @@ from tradecore.orders import (
     RejectionCode,
     Side,
 )
+from tradecore.ports.broker import Broker, BrokerOrder
 from tradecore.services.worker import FRESH_CLAIM_S, UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.memory.documents import MemoryDocumentStore
-from tradecore_adapters.memory.messaging import MemoryFillTaskQueue
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
 
 USER, ACCOUNT = "user-1", "acct-1"
@@ -64,11 +64,9 @@ class CountingOrders(MemoryOrderHistory):
         self.gets += 1
         return await super().get(order_id)
 
-    async def transition(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
         self.transitions += 1
-        return await super().transition(order_id, expected, changes)
+        return await super().transition(order_id, change)
 
 
 class Crash(Exception):
@@ -291,11 +289,9 @@ class SlowOrders(CountingOrders):
         self._clock = clock
         self._seconds = seconds
 
-    async def transition(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
-        updated = await super().transition(order_id, expected, changes)
-        if changes.get("status") is OrderStatus.SUBMITTED:
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        updated = await super().transition(order_id, change)
+        if isinstance(change, Submitted):
             self._clock.advance(self._seconds)
         return updated
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from support import queued_row, request_for
 
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable, StoreUnavailable
+from tradecore.order_lifecycle import OrderChange, sources
 from tradecore.orders import (
     OrderHistoryRecord,
     OrderRequest,
@@ -34,12 +34,10 @@ from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 USER, ACCOUNT = "user-1", "acct-1"
 HOST_A, HOST_B, DEAD_HOST = "host-a", "host-b", "host-dead:1:x"
@@ -149,13 +147,11 @@ class OutcomeLosingOrders(MemoryOrderHistory):
         self.outcome_error: Exception = DatabaseUnavailable("unavailable: connection lost")
         self.applied: list[OrderStatus] = []
 
-    async def transition(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
-        updated = await super().transition(order_id, expected, changes)
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        updated = await super().transition(order_id, change)
         if updated is not None:
             self.applied.append(updated.status)
-        if OrderStatus.SUBMITTED in expected and updated is not None and self.lose_outcomes:
+        if OrderStatus.SUBMITTED in sources(change) and updated is not None and self.lose_outcomes:
             self.lose_outcomes -= 1
             raise self.outcome_error
         return updated

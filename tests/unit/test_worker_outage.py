@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from support import queued_row, request_for
 
-from tradecore.broker import Broker, BrokerOrder
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable, StoreUnavailable
+from tradecore.order_lifecycle import OrderChange, sources
 from tradecore.orders import (
     OrderHistoryRecord,
     OrderRequest,
@@ -27,18 +27,17 @@ from tradecore.orders import (
     OrderStatus,
     Side,
 )
+from tradecore.ports.broker import Broker, BrokerOrder
 from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.memory.documents import MemoryDocumentStore
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 USER, ACCOUNT, HOLDER = "user-1", "acct-1", "host-a"
 FOREIGN = "host-elsewhere:1:x"
@@ -81,25 +80,21 @@ class OutageOrders(MemoryOrderHistory):
         self.crash_next_claim = False
         self.applied: list[OrderStatus] = []
 
-    async def transition(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
-        if OrderStatus.QUEUED in expected:
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        if OrderStatus.QUEUED in sources(change):
             if self.crash_next_claim:
                 self.crash_next_claim = False
                 raise RuntimeError("a bug, not an outage")
             if self.claims.on:
                 if self.claims_commit:
-                    await self._apply(order_id, expected, changes)
+                    await self._apply(order_id, change)
                 await self.claims.fail()
         elif self.outcomes.on:
             await self.outcomes.fail()
-        return await self._apply(order_id, expected, changes)
+        return await self._apply(order_id, change)
 
-    async def _apply(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
-        updated = await super().transition(order_id, expected, changes)
+    async def _apply(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        updated = await super().transition(order_id, change)
         if updated is not None:
             self.applied.append(updated.status)
         return updated

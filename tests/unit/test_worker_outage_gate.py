@@ -19,7 +19,7 @@ import heapq
 import itertools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,18 +28,17 @@ import pytest
 from support import queued_row, request_for
 
 from tradecore.errors import KeyValueStoreUnavailable
+from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult, OrderStatus
 from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 HOLDER, FOREIGN = "host-a", "host-elsewhere:1:x"
 TTL_S = 30.0
@@ -163,10 +162,8 @@ class HookedOrders(MemoryOrderHistory):
         self.applied: list[tuple[str, OrderStatus]] = []
         self.on_claim: dict[str, Any] = {}
 
-    async def transition(
-        self, order_id: str, expected: Collection[OrderStatus], changes: Mapping[str, Any]
-    ) -> OrderHistoryRecord | None:
-        updated = await super().transition(order_id, expected, changes)
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        updated = await super().transition(order_id, change)
         if updated is not None:
             self.applied.append((order_id, updated.status))
             hook = self.on_claim.pop(order_id, None)

@@ -6,9 +6,9 @@ except audit entry ids, which the store assigns in increasing order.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -16,7 +16,8 @@ from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
 from tradecore.audit_chain import SealedEntry
 from tradecore.identity import AllowedIp, ApiKey, Session, User
-from tradecore.orders import OrderHistoryRecord, OrderStatus
+from tradecore.order_lifecycle import OrderChange
+from tradecore.orders import OrderHistoryRecord
 
 
 def save_fields(
@@ -174,15 +175,14 @@ class OrderHistory(Protocol):
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None: ...
 
-    async def transition(
-        self,
-        order_id: str,
-        expected: Collection[OrderStatus],
-        changes: Mapping[str, Any],
-    ) -> OrderHistoryRecord | None:
-        """Compare-and-set: apply ``changes`` (field name -> value) only if the row's status is
-        in ``expected``; the updated row, or None when the status was elsewhere. Setting
-        ``fingerprint`` to None frees it for a new row (an intent that was never executed)."""
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        """Compare-and-set ``change`` (``tradecore.order_lifecycle``) onto the row, in one
+        atomic step: its fields are written only if the row's status is one the lifecycle
+        table lets the change leave (``order_lifecycle.sources(change)``). Returns the updated
+        row, or None (nothing written) when the row is missing or its status is elsewhere: a
+        lost race, an expected outcome, never an error. Raises IllegalTransition, before the
+        store is touched, for a change the table allows from no status. ``Withdrawn`` frees
+        the row's fingerprint for a new row."""
         ...
 
     async def list_for_user(

@@ -27,6 +27,7 @@ import attrs
 from tradecore.accounts import TradingAccount
 from tradecore.errors import DuplicateOrder, StoreUnavailable
 from tradecore.identity import User
+from tradecore.order_lifecycle import Withdrawn
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -40,7 +41,7 @@ from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import RandomSource
 from tradecore.services.outcomes import Accepted, Queued
 from tradecore.services.settings import OrderSettings
-from tradecore.services.vocabulary import Rejected
+from tradecore.services.vocabulary import UNAVAILABLE, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ class OrderDispatcher:
         are done. Its exception is raised here after the wait (the order is on its way all
         the same); an unexpected exception of the wait is raised after it has finished.
         """
-        unavailable = Rejected(503, "unavailable", "Service temporarily unavailable")
+        # Outages are handled step by step, not by @refuses_outages: once the intent is durable
+        # an outage must withdraw it, or answer 202 when the order is already on its way.
         order_id = self._random.new_id()
         request_id = self._random.new_id()
         record = OrderHistoryRecord(
@@ -157,7 +159,7 @@ class OrderDispatcher:
         except DuplicateOrder as e:
             raise Duplicate(intent.fingerprint) from e
         except StoreUnavailable:
-            return Dispatched(unavailable)
+            return Dispatched(UNAVAILABLE)
 
         request = OrderRequest(
             request_id=request_id,
@@ -178,7 +180,7 @@ class OrderDispatcher:
         try:
             pushed = await self._hand_over(request)
         except StoreUnavailable:
-            refusal = unavailable
+            refusal = UNAVAILABLE
         else:
             refusal = None if pushed else _NO_WORKER
         if refusal is not None:
@@ -215,11 +217,7 @@ class OrderDispatcher:
     async def _withdraw(self, order_id: str, request_id: str, refusal: Rejected) -> Dispatched:
         """The push failed: cancel the intent unless the worker already claimed it."""
         try:
-            cancelled = await self._orders.transition(
-                order_id,
-                {OrderStatus.QUEUED},
-                {"status": OrderStatus.CANCELLED, "fingerprint": None},
-            )
+            cancelled = await self._orders.transition(order_id, Withdrawn())
         except StoreUnavailable:
             log.error("order %s: push failed and the intent could not be withdrawn", order_id)
             return Dispatched(Queued(order_id, request_id), order_id=order_id)

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tradecore import fills
-from tradecore.broker import BrokerOrder
 from tradecore.errors import BrokerDisconnected
 from tradecore.fills import FillDecision, FillState
+from tradecore.order_lifecycle import FillChecked, FillRecorded, ReportedFill
 from tradecore.orders import OrderHistoryRecord, OrderStatus
+from tradecore.ports.broker import BrokerOrder
 from tradecore.ports.messaging import FillDelivery, FillTaskQueue
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import Clock
@@ -29,12 +30,6 @@ StatusCheck = Callable[[OrderHistoryRecord], Awaitable[BrokerOrder | None]]
 _RESUMED_STATES = {
     OrderStatus.PENDING: FillState.PENDING,
     OrderStatus.PARTIALLY_FILLED: FillState.PARTIALLY_FILLED,
-}
-_UPDATABLE = {
-    OrderStatus.SUBMITTED,
-    OrderStatus.PENDING,
-    OrderStatus.PARTIALLY_FILLED,
-    OrderStatus.FILLED,
 }
 
 
@@ -96,13 +91,23 @@ class FillVerifier:
     async def _write(
         self, row: OrderHistoryRecord, decision: FillDecision, observed: BrokerOrder | None
     ) -> None:
-        changes: dict[str, object] = {}
-        if decision.order_status is not None:
-            changes["status"] = decision.order_status
+        change = self._change(row, decision, observed)
+        if change is None:
+            return
+        if any(getattr(row, field) != value for field, value in change.fields().items()):
+            await self._orders.transition(row.id, change)
+
+    def _change(
+        self, row: OrderHistoryRecord, decision: FillDecision, observed: BrokerOrder | None
+    ) -> FillChecked | FillRecorded | None:
+        """What the check learned, as an order change; None when it learned nothing."""
+        fill = None
         if observed is not None:
-            changes["fill_quantity"] = observed.filled_quantity
-            changes["fill_price"] = observed.average_price
-            if decision.order_status is OrderStatus.FILLED:
-                changes["filled_at"] = row.filled_at or self._clock.now()
-        if any(getattr(row, field) != value for field, value in changes.items()):
-            await self._orders.transition(row.id, _UPDATABLE, changes)
+            fill = ReportedFill(observed.filled_quantity, observed.average_price)
+        status = decision.order_status
+        if status is None:
+            return None if fill is None else FillRecorded(fill)
+        filled_at = None
+        if fill is not None and status is OrderStatus.FILLED:
+            filled_at = row.filled_at or self._clock.now()
+        return FillChecked(status, fill, filled_at)

@@ -50,9 +50,9 @@ from typing import TypeVar
 import attrs
 
 from tradecore import reversal
-from tradecore.broker import Broker, BrokerFactory, BrokerOrder
 from tradecore.errors import BrokerDisconnected
 from tradecore.fills import first_check_delay
+from tradecore.order_lifecycle import ClaimFailed, Executed, Expired, Interrupted, Submitted
 from tradecore.orders import (
     OrderError,
     OrderHistoryRecord,
@@ -62,6 +62,7 @@ from tradecore.orders import (
     RejectionCode,
     to_instruction,
 )
+from tradecore.ports.broker import Broker, BrokerFactory, BrokerOrder
 from tradecore.ports.messaging import FillTask, FillTaskQueue
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import Clock, Sleeper
@@ -166,26 +167,13 @@ class UserWorker:
         now = self._clock.now()
         if now >= request.expires_at:
             expired = OrderError(RejectionCode.ORDER_EXPIRED, "Order expired before execution")
-            return await self._orders.transition(
-                order_id, {OrderStatus.QUEUED}, {"status": OrderStatus.EXPIRED, "error": expired}
-            )
+            return await self._orders.transition(order_id, Expired(expired))
         try:
             positions = await self._call(route, lambda broker: broker.positions())
         except BrokerDisconnected:
-            return await self._orders.transition(
-                order_id,
-                {OrderStatus.QUEUED},
-                {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
-            )
-        return await self._orders.transition(
-            order_id,
-            {OrderStatus.QUEUED},
-            {
-                "status": OrderStatus.SUBMITTED,
-                "submitted_at": now,
-                "position_before": positions.get(symbol, Decimal(0)),
-            },
-        )
+            return await self._orders.transition(order_id, ClaimFailed(_broker_unavailable()))
+        position_before = positions.get(symbol, Decimal(0))
+        return await self._orders.transition(order_id, Submitted(now, position_before))
 
     async def _run(self, row: OrderHistoryRecord, *, fresh: bool) -> OrderResult:
         """Execute the submitted ``row``. ``fresh``: this call won the row's claim, so no
@@ -206,31 +194,24 @@ class UserWorker:
         try:
             outcome = await self._call(_Route.of(row), execute_plan)
         except BrokerDisconnected:
-            failed = await self._orders.transition(
-                row.id,
-                {OrderStatus.SUBMITTED},
-                {"status": OrderStatus.FAILED, "error": _broker_unavailable()},
-            )
+            failed = await self._orders.transition(row.id, Interrupted(_broker_unavailable()))
             return failed.to_result() if failed is not None else await self._current(row)
         broker_order_id = outcome.broker_refs[-1] if outcome.broker_refs else None
         now = self._clock.now()
-        updated = await self._orders.transition(
-            row.id,
-            {OrderStatus.SUBMITTED},
-            {
-                "status": outcome.status,
-                "order_id": broker_order_id,
-                "client_order_id": outcome.main_client_order_id,
-                "broker_refs": outcome.broker_refs,
-                "fill_price": outcome.fill_price,
-                "fill_quantity": outcome.filled_quantity,
-                "filled_at": now if outcome.status is OrderStatus.FILLED else None,
-                "auto_exit": outcome.auto_exit,
-                "exit_quantity": outcome.exit_quantity,
-                "exit_order_result": outcome.exit_order_result,
-                "error": outcome.error,
-            },
+        executed = Executed(
+            status=outcome.status,
+            order_id=broker_order_id,
+            client_order_id=outcome.main_client_order_id,
+            broker_refs=outcome.broker_refs,
+            fill_price=outcome.fill_price,
+            fill_quantity=outcome.filled_quantity,
+            filled_at=now if outcome.status is OrderStatus.FILLED else None,
+            auto_exit=outcome.auto_exit,
+            exit_quantity=outcome.exit_quantity,
+            exit_order_result=outcome.exit_order_result,
+            error=outcome.error,
         )
+        updated = await self._orders.transition(row.id, executed)
         if updated is None:
             return await self._current(row)
         if _placed(updated):

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 import attrs
 
+from tradecore import order_lifecycle
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
 from tradecore.audit_chain import GENESIS, SealedEntry, normalized, seal
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
-from tradecore.orders import OrderHistoryRecord, OrderStatus
+from tradecore.order_lifecycle import OrderChange
+from tradecore.orders import OrderHistoryRecord
 from tradecore.ports.repositories import WebhookOwner, save_fields
 
 _Record = TypeVar("_Record", User, TradingAccount)
@@ -241,16 +243,13 @@ class MemoryOrderHistory:
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return self._rows.get(order_id)
 
-    async def transition(
-        self,
-        order_id: str,
-        expected: Collection[OrderStatus],
-        changes: Mapping[str, Any],
-    ) -> OrderHistoryRecord | None:
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        leaves = order_lifecycle.sources(change)
         row = self._rows.get(order_id)
-        if row is None or row.status not in expected:
+        if row is None or row.status not in leaves:
             return None
-        updated = attrs.evolve(row, **changes)
+        written: dict[str, Any] = change.fields()
+        updated = attrs.evolve(row, **written)
         if updated.fingerprint != row.fingerprint:
             if row.fingerprint is not None:
                 self._fingerprints.discard((row.user_id, row.fingerprint))

@@ -2,24 +2,25 @@
 
 The partial unique index ``order_history_fingerprint`` on (user_id, fingerprint) keeps a replayed
 webhook from becoming a second order even when the replay store lost its key; ``add`` turns a
-conflict there into ``DuplicateOrder``. A transition is one ``UPDATE ... WHERE status = ANY``:
-of concurrent transitions from the same status, exactly one applies.
+conflict there into ``DuplicateOrder``. A transition is one ``UPDATE ... WHERE status = ANY``
+of the statuses the lifecycle table lets the change leave (``order_lifecycle.sources``): of
+concurrent transitions from the same status, exactly one applies.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import attrs
-import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from tradecore import order_lifecycle
 from tradecore.errors import DuplicateOrder
+from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import (
     AlertAction,
     OrderError,
@@ -29,11 +30,9 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
-from tradecore_adapters.postgres.errors import database_errors
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc, utc_or_none
 
-_FINGERPRINT_INDEX = "order_history_fingerprint"
 _FIELDS = tuple(f.name for f in attrs.fields(OrderHistoryRecord))
 
 
@@ -122,10 +121,10 @@ _INSERT = (
 
 @functools.lru_cache(maxsize=256)
 def _transition_query(fields: tuple[str, ...]) -> str:
-    """The compare-and-set UPDATE that sets ``fields`` (known column names)."""
-    assignments: list[sql.Composable] = [
+    """The compare-and-set UPDATE that sets ``fields`` (an order change's record fields)."""
+    assignments = [
         sql.SQL("{} = {}").format(sql.Identifier(f), sql.Placeholder(f"set_{f}")) for f in fields
-    ] or [sql.SQL("status = status")]
+    ]
     return (
         sql.SQL(
             "UPDATE order_history SET {assignments}"
@@ -136,8 +135,10 @@ def _transition_query(fields: tuple[str, ...]) -> str:
     )
 
 
-def _is_fingerprint_conflict(error: psycopg.errors.UniqueViolation) -> bool:
-    return error.diag.constraint_name == _FINGERPRINT_INDEX
+@functools.lru_cache(maxsize=64)
+def _status_texts(statuses: frozenset[OrderStatus]) -> tuple[str, ...]:
+    """The statuses as the text[] parameter of the compare-and-set, in a stable order."""
+    return tuple(sorted(str(s) for s in statuses))
 
 
 class PostgresOrderHistory:
@@ -155,31 +156,13 @@ class PostgresOrderHistory:
         row = await fetch_one(self._pool, "SELECT * FROM order_history WHERE id = %s", (order_id,))
         return None if row is None else order_from_row(row)
 
-    async def transition(
-        self,
-        order_id: str,
-        expected: Collection[OrderStatus],
-        changes: Mapping[str, Any],
-    ) -> OrderHistoryRecord | None:
-        unknown = sorted(set(changes) - set(_FIELDS))
-        if unknown:
-            raise TypeError(f"OrderHistoryRecord has no field {', '.join(unknown)}")
-        if not expected:
-            return None
-        query = _transition_query(tuple(changes))
-        params: dict[str, Any] = {f"set_{f}": _encode(f, v) for f, v in changes.items()}
+    async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
+        leaves = order_lifecycle.sources(change)
+        fields = change.fields()
+        params: dict[str, Any] = {f"set_{f}": _encode(f, v) for f, v in fields.items()}
         params["order_id"] = order_id
-        params["expected"] = [str(s) for s in expected]
-        try:
-            with database_errors():
-                async with self._pool.connection() as conn:
-                    cursor = conn.cursor(row_factory=dict_row)
-                    await cursor.execute(query, params)
-                    row = await cursor.fetchone()
-        except psycopg.errors.UniqueViolation as e:
-            if _is_fingerprint_conflict(e):
-                raise DuplicateOrder(changes.get("fingerprint")) from e
-            raise
+        params["expected"] = list(_status_texts(leaves))
+        row = await fetch_one(self._pool, _transition_query(tuple(fields)), params)
         return None if row is None else order_from_row(row)
 
     async def list_for_user(
