@@ -1,25 +1,20 @@
-"""Attack classification, audit metadata and the alert e-mail.
+"""What counts as an attack, how each class is answered, and what its audit entry records.
 
 The classification is the specification's table (Events): each attack class has its HTTP
 status and whether it sends an alert. Metadata builders fix the keys written to
-``audit_logs.metadata``; none of them takes a secret. The alert mail escapes every field that
-an attacker or a user controls.
+``audit_logs.metadata``; none of them takes a secret. The alert e-mail itself is in
+``tradecore.attack_alerts``.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import attrs
 
 from tradecore.audit import AuditAction
-from tradecore.ports.identity import MailMessage
-
-ALERT_PERIOD = timedelta(minutes=30)
 
 
 @attrs.frozen
@@ -143,83 +138,3 @@ def csrf_metadata(reason: Literal["missing", "mismatch"]) -> dict[str, Any]:
     if reason not in ("missing", "mismatch"):
         raise ValueError(f"unknown CSRF failure reason {reason!r}")
     return {"attack_type": "csrf", "reason": reason}
-
-
-# --- The alert mail -------------------------------------------------------------------------
-
-_MAX_FIELD = 200
-_THROTTLE_NOTE = (
-    f"You receive at most one such e-mail every {int(ALERT_PERIOD.total_seconds() // 60)} minutes."
-)
-
-
-def _one_line(value: str) -> str:
-    """Control characters (CR and LF included) become spaces; long values are cut."""
-    cleaned = "".join(" " if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in value)
-    cleaned = cleaned.replace("\u2028", " ").replace("\u2029", " ")
-    return cleaned[:_MAX_FIELD]
-
-
-def _utc_text(at: datetime) -> str:
-    aware = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
-    return aware.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def alert_mail(
-    to: str,
-    action: AuditAction,
-    source_ip: str,
-    at: datetime,
-    account_name: str | None,
-    *,
-    user_agent: str | None = None,
-) -> MailMessage:
-    """The alert for one attack event: attack type, source IP, time, account name and a
-    description, in a text and an HTML part.
-
-    Every field not written by us is cleaned of control characters (so the subject stays one
-    header line and the text part cannot gain forged lines) and HTML-escaped in the HTML part.
-    Raises ValueError when ``to`` holds a line break (it becomes a mail header).
-    """
-    if any(c in to for c in "\r\n\x00"):
-        raise ValueError("recipient address contains control characters")
-    policy = policy_for(action)
-    title = policy.title if policy is not None else "Security event"
-    description = policy.description if policy is not None else "A security event was logged."
-    account = _one_line(account_name) if account_name else None
-    rows: list[tuple[str, str]] = [
-        ("Attack type", str(action)),
-        ("Source IP", _one_line(source_ip)),
-        ("Time", _utc_text(at)),
-        ("Trading account", account if account is not None else "(unknown)"),
-    ]
-    if user_agent:
-        rows.append(("User agent", _one_line(user_agent)))
-
-    subject = f"Security alert: {title}"
-    if account is not None:
-        subject += f" ({account})"
-    subject = _one_line(subject)
-
-    text_lines = [title, "", description, ""]
-    text_lines += [f"{label}: {value}" for label, value in rows]
-    text_lines += [
-        "",
-        "Review your security events in the dashboard under Settings > Security.",
-        _THROTTLE_NOTE,
-    ]
-
-    cells = "".join(
-        f'<tr><th align="left">{html.escape(label)}</th><td>{html.escape(value)}</td></tr>'
-        for label, value in rows
-    )
-    html_part = (
-        "<!DOCTYPE html><html><body>"
-        f"<h2>{html.escape(title)}</h2>"
-        f"<p>{html.escape(description)}</p>"
-        f"<table>{cells}</table>"
-        "<p>Review your security events in the dashboard under Settings &gt; Security. "
-        f"{html.escape(_THROTTLE_NOTE)}</p>"
-        "</body></html>"
-    )
-    return MailMessage(to=to, subject=subject, text="\n".join(text_lines) + "\n", html=html_part)

@@ -20,9 +20,9 @@ import enum
 
 import attrs
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.errors import IllegalTransition
 from tradecore.orders import OrderStatus
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 
 FIRST_CHECK_DELAY_RANGE_S = (2.0, 3.0)
 PENDING_REQUEUE_DELAY_S = 30.0

@@ -27,7 +27,6 @@ from typing import TypeVar
 
 import attrs
 
-from tradecore.broker import Broker, BrokerOrder, BrokerOrderStatus
 from tradecore.errors import IllegalTransition
 from tradecore.orders import (
     Direction,
@@ -38,6 +37,7 @@ from tradecore.orders import (
     RejectionCode,
     Side,
 )
+from tradecore.ports.broker import Broker, BrokerOrder, BrokerOrderStatus
 from tradecore.ports.runtime import Sleeper
 
 REVERSAL_POLLS = 10

@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 
 from tradecore import fills
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.errors import IllegalTransition
 from tradecore.fills import FillDecision, FillState, decide, decide_unreachable, next_state
 from tradecore.orders import OrderError, OrderStatus, RejectionCode, Side
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 
 OPEN_STATES = [FillState.VERIFICATION_QUEUED, FillState.PENDING, FillState.PARTIALLY_FILLED]
 

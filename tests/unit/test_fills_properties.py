@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.errors import IllegalTransition
 from tradecore.fills import (
     MAX_DELIVERIES,
@@ -18,6 +17,7 @@ from tradecore.fills import (
     decide_unreachable,
 )
 from tradecore.orders import Side
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 
 UNREACHABLE = "unreachable"
 

@@ -12,7 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tradecore.orders import AlertAction
-from tradecore.testing.webhooks import (
+from tradecore.testing.valid_webhooks import (
     encodings_of,
     quantities,
     symbols,
@@ -20,14 +20,9 @@ from tradecore.testing.webhooks import (
     to_json,
     valid_payloads,
 )
-from tradecore.webhooks import (
-    WebhookPayload,
-    canonical_quantity,
-    canonical_symbol,
-    canonical_timestamp,
-    parse_webhook_body,
-    replay_fingerprint,
-)
+from tradecore.webhooks.canonical import canonical_quantity, canonical_symbol, canonical_timestamp
+from tradecore.webhooks.checks import replay_fingerprint
+from tradecore.webhooks.payload import WebhookPayload, parse_webhook_body
 
 TS = datetime(2026, 1, 5, 14, 30, tzinfo=UTC)
 

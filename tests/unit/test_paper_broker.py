@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tradecore.broker import Broker, BrokerOrderStatus
 from tradecore.errors import BrokerDisconnected
 from tradecore.orders import RejectionCode, Side
+from tradecore.ports.broker import Broker, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.brokers.catalogue import (
     CME_HOURS,

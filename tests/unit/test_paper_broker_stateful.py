@@ -17,8 +17,8 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.orders import RejectionCode, Side
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.brokers.catalogue import default_catalogue
 from tradecore_adapters.brokers.paper import PaperBroker, PaperExchange

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tradecore.broker import BrokerOrderStatus
 from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.orders import Side
+from tradecore.ports.broker import BrokerOrderStatus
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory

@@ -7,7 +7,6 @@ from decimal import Decimal
 import pytest
 
 from tradecore import reversal
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.errors import BrokerDisconnected, IllegalTransition
 from tradecore.orders import (
     AlertAction,
@@ -17,6 +16,7 @@ from tradecore.orders import (
     Side,
     to_instruction,
 )
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.reversal import (
     REVERSAL_POLL_INTERVAL_S,
     REVERSAL_POLLS,

@@ -9,7 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tradecore.testing.clock import EPOCH
-from tradecore.webhooks import replay_ttl_seconds, request_age_seconds, timestamp_within_window
+from tradecore.webhooks.checks import (
+    replay_ttl_seconds,
+    request_age_seconds,
+    timestamp_within_window,
+)
 
 NOW = EPOCH
 US = timedelta(microseconds=1)

@@ -13,18 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tradecore.orders import AlertAction, OrderType
-from tradecore.testing.webhooks import (
-    RawJson,
-    encodings_of,
-    hostile_bodies,
-    to_json,
-    valid_payloads,
-)
-from tradecore.webhooks import (
+from tradecore.testing.hostile_webhooks import hostile_bodies
+from tradecore.testing.valid_webhooks import RawJson, encodings_of, to_json, valid_payloads
+from tradecore.webhooks.canonical import canonical_quantity
+from tradecore.webhooks.payload import (
     MAX_WEBHOOK_BODY_BYTES,
     PayloadInvalid,
     WebhookPayload,
-    canonical_quantity,
     parse_webhook_body,
 )
 
@@ -445,16 +440,14 @@ def test_the_direct_path_and_the_converter_agree(
 ) -> None:
     """A valid body is structured by calling the field rules directly; anything else goes to
     cattrs, which names every fault. Both must accept exactly the same documents, alike."""
-    from tradecore import webhook_payload
+    from tradecore.webhooks import payload as parsing
 
     document = {k: v for k, v in {**payload, **replaced}.items() if k not in dropped}
     try:
-        expected: WebhookPayload | None = webhook_payload._converter.structure(
-            document, WebhookPayload
-        )
+        expected: WebhookPayload | None = parsing._converter.structure(document, WebhookPayload)
     except Exception:
         expected = None
     if not simulation and not {"timestamp", "secret"} <= document.keys():
         expected = None
 
-    assert webhook_payload._structure_valid(document, simulation) == expected
+    assert parsing._structure_valid(document, simulation) == expected

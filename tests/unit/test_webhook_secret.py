@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tradecore.webhooks import hash_secret, secret_matches, symbol_allowed
+from tradecore.webhooks.checks import hash_secret, secret_matches, symbol_allowed
 
 SECRET = "Zq3v9X-kL2m_Np8rT5w0yB7cD4fG6hJ1sA3eU9iO0xk"
 STORED = hashlib.sha256(SECRET.encode("utf-8")).hexdigest()

@@ -12,15 +12,15 @@ from datetime import datetime
 from decimal import Decimal
 
 from tradecore.accounts import TradingAccount
-from tradecore.broker import InstrumentDirectory
 from tradecore.identity import User
 from tradecore.limits import daily_cap_reached, real_orders_allowed, start_of_utc_day
 from tradecore.orders import Source
+from tradecore.ports.broker import InstrumentDirectory
 from tradecore.ports.protection import RateDecision, RateLimiter
 from tradecore.ports.repositories import OrderHistory
 from tradecore.services.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
-from tradecore.webhooks import symbol_allowed
+from tradecore.webhooks.checks import symbol_allowed
 
 
 class OrderChecks:

@@ -13,12 +13,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from tradecore.attack_alerts import ALERT_PERIOD, alert_mail
+from tradecore.attacks import policy_for
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.ports.identity import Mailer
 from tradecore.ports.protection import AlertThrottle
 from tradecore.ports.repositories import AuditLog, UserRepository
 from tradecore.ports.runtime import Clock
-from tradecore.security import ALERT_PERIOD, alert_mail, policy_for
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""Pure webhook rules: the replay fingerprint, the timestamp window, the secret check, symbols.
+"""The checks a parsed webhook request passes: the timestamp window (layer 2), the secret
+(layer 3), the replay fingerprint and its lifetime (layer 4), and the account's symbol list.
 
-The body parser and the canonical forms live in ``tradecore.webhook_payload`` and are
-re-exported here, so callers import every webhook rule from this module. Everything is a pure
-function of its arguments: the caller passes ``now`` (from its Clock), never this module.
+Everything is a pure function of its arguments: the caller passes ``now`` (from its Clock),
+never this module.
 """
 
 from __future__ import annotations
@@ -14,41 +14,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from tradecore.orders import AlertAction
-from tradecore.webhook_payload import (
-    MAX_QUANTITY,
-    MAX_QUANTITY_DECIMALS,
-    MAX_SECRET_CHARS,
-    MAX_WEBHOOK_BODY_BYTES,
-    PayloadInvalid,
-    WebhookPayload,
+from tradecore.webhooks.canonical import (
     as_utc,
     canonical_quantity,
     canonical_symbol,
     canonical_timestamp,
-    parse_webhook_body,
 )
-
-__all__ = [
-    "FINGERPRINT_HEX_CHARS",
-    "MAX_QUANTITY",
-    "MAX_QUANTITY_DECIMALS",
-    "MAX_SECRET_CHARS",
-    "MAX_WEBHOOK_BODY_BYTES",
-    "PayloadInvalid",
-    "WebhookPayload",
-    "canonical_quantity",
-    "canonical_symbol",
-    "canonical_timestamp",
-    "fingerprint_source",
-    "hash_secret",
-    "parse_webhook_body",
-    "replay_fingerprint",
-    "replay_ttl_seconds",
-    "request_age_seconds",
-    "secret_matches",
-    "symbol_allowed",
-    "timestamp_within_window",
-]
 
 FINGERPRINT_HEX_CHARS = 32
 _MICROSECOND = timedelta(microseconds=1)

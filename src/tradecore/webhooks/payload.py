@@ -1,4 +1,4 @@
-"""The webhook body: strict parsing and the canonical forms of its fields.
+"""The webhook body: strict parsing and the rule of each known field.
 
 ``parse_webhook_body`` turns untrusted bytes into a ``WebhookPayload`` or a ``PayloadInvalid``
 (the 400 ``webhook_payload_invalid`` answer); it never raises. What it refuses:
@@ -12,8 +12,9 @@
   ``secret`` missing from a real (non-simulation) order.
 
 Unknown fields are ignored and never applied. Floats are read as ``Decimal``, so ``0.1`` stays
-exact. No message ever repeats a value from the body: field names and rules only, so neither
-the secret nor anything pasted into another field can leak into a response or the audit log.
+exact; accepted fields come out in their canonical form (``tradecore.webhooks.canonical``).
+No message ever repeats a value from the body: field names and rules only, so neither the
+secret nor anything pasted into another field can leak into a response or the audit log.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import json
 import re
 from collections.abc import Callable, Iterable
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, NoReturn
 
@@ -31,6 +32,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
 from tradecore.orders import AlertAction, OrderType
+from tradecore.webhooks.canonical import as_utc, canonical_quantity, decimal_places
 
 MAX_WEBHOOK_BODY_BYTES = 16 * 1024
 MAX_QUANTITY = Decimal("1e9")
@@ -74,49 +76,6 @@ class PayloadInvalid:
     @classmethod
     def of(cls, errors: list[str] | tuple[str, ...]) -> PayloadInvalid:
         return cls(reason="Invalid webhook payload: " + "; ".join(errors), errors=tuple(errors))
-
-
-def canonical_symbol(symbol: str) -> str:
-    """The symbol as stored and compared: surrounding whitespace removed, upper case."""
-    return symbol.strip().upper()
-
-
-def canonical_quantity(quantity: Decimal) -> str:
-    """A plain decimal without exponent or trailing zeros: ``1``, ``0.5``, ``100``.
-
-    Exact (no rounding to a context precision). Raises ValueError for NaN or infinity.
-    """
-    if not quantity.is_finite():
-        raise ValueError("quantity must be finite")
-    text = format(quantity, "f")
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
-
-
-def canonical_timestamp(ts: datetime) -> str:
-    """UTC ISO 8601 with a ``Z``: ``2026-01-05T14:30:00Z`` (microseconds only when non-zero).
-
-    A naive datetime is taken as UTC.
-    """
-    return as_utc(ts).replace(tzinfo=None).isoformat() + "Z"
-
-
-def as_utc(ts: datetime) -> datetime:
-    """``ts`` as an aware UTC datetime; a naive one is UTC already."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
-def decimal_places(quantity: Decimal) -> int:
-    """How many decimal places ``quantity`` needs once trailing zeros are dropped."""
-    _, digits, exponent = quantity.as_tuple()
-    if not isinstance(exponent, int):
-        raise ValueError("quantity must be finite")
-    significant = len(digits)
-    while significant > 1 and digits[significant - 1] == 0:
-        significant -= 1
-    exponent += len(digits) - significant
-    return max(0, -exponent)
 
 
 def parse_webhook_body(body: bytes, *, simulation: bool) -> WebhookPayload | PayloadInvalid:

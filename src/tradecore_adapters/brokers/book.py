@@ -15,8 +15,8 @@ from decimal import Decimal
 
 import attrs
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.orders import OrderError, RejectionCode, Side
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore_adapters.brokers.catalogue import Instrument
 
 ZERO = Decimal(0)

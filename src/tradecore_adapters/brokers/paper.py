@@ -2,7 +2,7 @@
 
 ``PaperExchange`` holds the shared state (catalogue, prices, one book per account, scripted
 behaviour) and ``PaperBroker`` is one account's connection, implementing
-``tradecore.broker.Broker``. Orders are market orders filled at the instrument's current price
+``tradecore.ports.broker.Broker``. Orders are market orders filled at the instrument's current price
 (its reference price until ``set_price``). Checks, in order: a known client order id returns
 the recorded order; the next scripted step (``script``) may refuse it; unknown symbol
 (``invalid_symbol``); hedge position mode (``position_mode_mismatch``); market hours
@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import cattrs
 
-from tradecore.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.orders import OrderError, RejectionCode, Side
+from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.book import Account, Holding, PaperOrder, reducible
 from tradecore_adapters.brokers.catalogue import Instrument, PositionMode, default_catalogue
@@ -323,7 +323,7 @@ class PaperConditions:
 
 
 class PaperBroker:
-    """One account's connection to a ``PaperExchange`` (``tradecore.broker.Broker``).
+    """One account's connection to a ``PaperExchange`` (``tradecore.ports.broker.Broker``).
 
     Calls raise ``BrokerDisconnected`` until ``connect`` has been called, and after the
     exchange drops the connection (``PaperExchange.disconnect``). With ``conditions`` and a

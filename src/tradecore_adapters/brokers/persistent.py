@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from tradecore.broker import BrokerOrder
 from tradecore.orders import Side
+from tradecore.ports.broker import BrokerOrder
 from tradecore.ports.documents import DocumentStore
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
