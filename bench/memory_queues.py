@@ -13,9 +13,9 @@ installed):
   for its 300 s make 180,000), on a fake clock that moves ``300 s / window`` per cycle, so
   that one order leaves the window per cycle, for as many cycles as the window holds.
 
-``--impl PATH`` (repeatable) loads the adapter module from a file, e.g. a copy of an earlier
-version, instead of ``tradecore_adapters.memory.messaging`` (``--impl current``); runs of the
-implementations alternate. Run from the repository root::
+``--impl PATH`` (repeatable) loads the three adapters from one module file, e.g. a copy of an
+earlier version, instead of the installed ``tradecore_adapters.memory`` ones (``--impl
+current``); runs of the implementations alternate. Run from the repository root::
 
     .venv/bin/python bench/memory_queues.py --impl /tmp/old_messaging.py --impl current
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import importlib.util
 import statistics
 import sys
@@ -41,6 +40,9 @@ from typing import Any
 from tradecore.ports.messaging import FillTask
 from tradecore.testing.clock import FakeClock
 from tradecore.testing.orders import filled_result, order_request
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 from tradecore_adapters.system import SystemClock
 from tradecore_entrypoints.loop import loop_factory
 
@@ -50,9 +52,16 @@ FAR_S = 10 * 365 * 86400.0  # a delay no run reaches, even on the fake clock
 
 
 def load(impl: str) -> ModuleType:
-    """The adapter module: the installed one for ``current``, else the file ``impl``."""
+    """The adapters (``MemoryWorkerDirectory``, ``MemoryOrderQueue``, ``MemoryFillTaskQueue``)
+    as one module: the installed ones for ``current``, else those of the file ``impl``."""
     if impl == CURRENT:
-        return importlib.import_module("tradecore_adapters.memory.messaging")
+        current = ModuleType(CURRENT)
+        vars(current).update(
+            MemoryWorkerDirectory=MemoryWorkerDirectory,
+            MemoryOrderQueue=MemoryOrderQueue,
+            MemoryFillTaskQueue=MemoryFillTaskQueue,
+        )
+        return current
     path = Path(impl)
     name = f"bench_messaging_{len(sys.modules)}"
     spec = importlib.util.spec_from_file_location(name, path)

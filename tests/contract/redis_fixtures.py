@@ -36,17 +36,15 @@ from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, Worke
 from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
 from tradecore.testing import orders as testing_orders
 from tradecore.testing.clock import FakeClock
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.protection import (
     MemoryAlertThrottle,
     MemoryRateLimiter,
     MemoryReplayStore,
     MemoryWebhookAdmission,
 )
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 from tradecore_adapters.redis import (
     RedisAlertThrottle,
     RedisConnections,

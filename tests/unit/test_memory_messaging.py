@@ -31,13 +31,10 @@ from tradecore.ports.messaging import (
 )
 from tradecore.testing.clock import FakeClock
 from tradecore.testing.orders import filled_result, order_request
-from tradecore_adapters.memory import messaging
-from tradecore_adapters.memory.messaging import (
-    REPLY_TTL_S,
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory import fifo
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import REPLY_TTL_S, MemoryOrderQueue
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 T = TypeVar("T")
 
@@ -559,10 +556,10 @@ async def test_receive_only_polls_while_a_message_is_delayed_or_in_flight(
     clock.advance(0.01)
     delivery = await tasks.receive(0)
     assert delivery is not None and delivery.task.order_id == "o1"
-    assert tasks._pause_s() == messaging._POLL_S  # the next change is far: capped
+    assert tasks._pause_s() == fifo._POLL_S  # the next change is far: capped
     await tasks.ack(delivery)
     await tasks.ack(delivery)
-    assert tasks._pause_s() == messaging._POLL_S
+    assert tasks._pause_s() == fifo._POLL_S
     clock.advance(600)
     delivery = await tasks.receive(0)
     assert delivery is not None

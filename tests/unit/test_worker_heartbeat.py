@@ -13,12 +13,10 @@ from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
-from tradecore_adapters.memory.messaging import (
-    MemoryFillTaskQueue,
-    MemoryOrderQueue,
-    MemoryWorkerDirectory,
-)
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
+from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
+from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 USERS = ("user-1", "user-2", "user-3")
 FOREIGN = "host-elsewhere:1:x"

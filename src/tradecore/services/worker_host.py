@@ -1,45 +1,25 @@
 """A worker host: runs the per-user workers of this process.
 
 Several hosts share the users. A host consumes start requests from worker-control and, for
-each, takes the user's lease (the ``worker:active:{user_id}`` mark with a fencing token, see
-``WorkerDirectory``) under its own holder name. If another holder has the lease, that holder
-serves the user and this host lets the start request go. Otherwise one task of this host
-serves the user: it recovers the requests a crashed worker left in flight, executes the
-user's requests in order, and retires after the idle timeout (12 h by default) - but only
-when no request is waiting, atomically, so no request is stranded. A host that dies stops
-renewing; its leases run out and its users are started elsewhere at their next request.
-
-Leases are kept alive by the host's heartbeat: the worker-control loop renews, in one batch
-(``renew_many``), every lease of the host last renewed a sixth of its time to live ago or
-more, so an idle worker costs no round trip of its own and may wait long between looks at
-its request list (a push wakes it at once). A worker whose lease was not renewed in a third
-of its time to live (no control loop runs, or it stalled) renews it itself before taking a
-request.
-
-The lease is checked before every request is taken: once a renewal says the lease is lost (a
-stalled heartbeat let it expire, and maybe another host took it), the worker finishes the
-request in hand and never starts another; a start request for the user meanwhile starts a
-new worker at once. A lost lease can still leave a stale worker
-running one request next to its successor (the one in hand, which the successor also finds
-in flight); that is harmless, because execution is idempotent: the order-history row moves
-only by compare-and-set transitions (``queued -> submitted -> <outcome>``), so only one
-worker's outcome is recorded, and each broker order carries a client order id derived from
-the order-history id, so the broker returns the order it already has instead of placing a
-second one. The fencing token therefore does not guard writes; it names the lease in the
-log lines and makes sure a stale worker can neither renew, release nor retire its
-successor's lease.
+each, takes the user's lease under its own holder name (``tradecore.services.worker_leases``:
+the lease, the heartbeat that renews it, what a lost lease means). If another holder has the
+lease, that holder serves the user and this host lets the start request go. Otherwise one
+task of this host serves the user: it recovers the requests a crashed worker left in flight,
+executes the user's requests in order, and retires after the idle timeout (12 h by default) -
+but only when no request is waiting, atomically, so no request is stranded. A host that dies
+stops renewing; its leases run out and its users are started elsewhere at their next request.
 
 A store outage (``StoreUnavailable``: the database, or the key-value store) while a request
 is executed or completed is survived in place: the request stays in flight, never completed
 with a wrong result, and after a backoff (``OUTAGE_BACKOFF_S`` doubling up to
-``OUTAGE_BACKOFF_MAX_S``) the worker executes the same request again - safe for the reasons
-above; a retry sends its broker orders as ``fresh`` only when that attempt itself won the
-claim - or, once it has the result, only publishes it again. An order that waited past its
-``expires_at`` meanwhile is expired, unless it was claimed before: that one is reconciled. The
-worker makes no renewal of its own while it retries: its lease lives as long as the host's
-heartbeat keeps it. Before each retry it stops, leaving the request in flight for the next
-holder, when the heartbeat found the lease lost or has not renewed it for a whole time to
-live.
+``OUTAGE_BACKOFF_MAX_S``) the worker executes the same request again - safe because execution
+is idempotent (see ``worker_leases``); a retry sends its broker orders as ``fresh`` only when
+that attempt itself won the claim - or, once it has the result, only publishes it again. An
+order that waited past its ``expires_at`` meanwhile is expired, unless it was claimed before:
+that one is reconciled. The worker makes no renewal of its own while it retries: its lease
+lives as long as the host's heartbeat keeps it. Before each retry it stops, leaving the
+request in flight for the next holder, when the heartbeat found the lease lost or has not
+renewed it for a whole time to live.
 
 A worker meets a key-value store outage elsewhere in its loop too: taking its lease, listing
 the requests left in flight, taking the next request, renewing or retiring its lease. Each
@@ -70,14 +50,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import attrs
 
-from tradecore.broker import BrokerOrder
 from tradecore.errors import StoreUnavailable
 from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult
+from tradecore.ports.broker import BrokerOrder
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore.services.outage_gate import (
@@ -87,6 +67,7 @@ from tradecore.services.outage_gate import (
     OutageGate,
 )
 from tradecore.services.worker import UserWorker
+from tradecore.services.worker_leases import HostLeases, WorkerSlot
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +94,6 @@ class HostSettings:
         """A lease renewed this long ago or more is due for the heartbeat (a sixth of its
         time to live)."""
         return timedelta(seconds=self.mark_ttl_s / 6)
-
-
-@attrs.define
-class _Slot:
-    worker: UserWorker
-    lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
-    task: asyncio.Task[None] | None = None
-    token: int | None = None  # the lease the task serves under
-    renewed_at: datetime | None = None  # when its last renewal was sent
-    lost: bool = False  # a renewal failed: take nothing more
-    probing: bool = False  # its worker probes the store for the host (an outage)
 
 
 class WorkerHost:
@@ -154,12 +124,20 @@ class WorkerHost:
         self._clock = clock
         self._sleeper = sleeper
         self._settings = settings or HostSettings()
-        self._slots: dict[str, _Slot] = {}
-        self._next_renewal: datetime | None = None  # the heartbeat's next due lease, if known
+        self._slots: dict[str, WorkerSlot] = {}
+        self._leases = HostLeases(
+            directory,
+            self._slots,
+            clock,
+            holder=holder,
+            ttl_s=self._settings.mark_ttl_s,
+            heartbeat_age=self._settings.heartbeat_age,
+            log=log,
+        )
         self._control: asyncio.Task[None] | None = None
         self._confirming: set[asyncio.Task[None]] = set()
-        self._gate = OutageGate[_Slot](
-            lease_gone=self._lease_gone, clock=clock, sleeper=sleeper, log=log
+        self._gate = OutageGate[WorkerSlot](
+            lease_gone=self._leases.gone, clock=clock, sleeper=sleeper, log=log
         )
 
     @property
@@ -201,12 +179,12 @@ class WorkerHost:
         if slot is None or slot.lost:
             # the replacement shares the lock, so the user's orders never run side by side
             lock = asyncio.Lock() if slot is None else slot.lock
-            slot = _Slot(self._make_worker(user_id), lock=lock)
+            slot = WorkerSlot(self._make_worker(user_id), lock=lock)
             self._slots[user_id] = slot
         if slot.task is None:
             slot.task = asyncio.create_task(self._serve(user_id, slot), name=f"worker:{user_id}")
 
-    async def _confirm_lease(self, user_id: str, slot: _Slot) -> None:
+    async def _confirm_lease(self, user_id: str, slot: WorkerSlot) -> None:
         """Renew the running worker's lease at once; when it is gone, replace the worker
         now (the old one stops taking requests) so the waiting order is served."""
         token = slot.token
@@ -230,10 +208,10 @@ class WorkerHost:
         async with slot.lock:
             return await slot.worker.check_order_status(row)
 
-    def _slot(self, user_id: str) -> _Slot:
+    def _slot(self, user_id: str) -> WorkerSlot:
         slot = self._slots.get(user_id)
         if slot is None:
-            slot = _Slot(self._make_worker(user_id))
+            slot = WorkerSlot(self._make_worker(user_id))
             self._slots[user_id] = slot
         return slot
 
@@ -282,50 +260,12 @@ class WorkerHost:
         return orphans
 
     async def heartbeat(self) -> set[str]:
-        """Renew, in one batch, every lease of this host last renewed a sixth of its time to
-        live ago or more. Returns the users whose lease was lost; their workers take nothing
-        more. Until the earliest lease held is due it returns at once, without looking at the
-        workers (the control loop calls it after every start request: a burst of activations
-        must not cost a scan of every worker each)."""
-        ttl_s = self._settings.mark_ttl_s
-        now = self._clock.now()  # one clock read
-        if self._next_renewal is not None and now < self._next_renewal:
-            return set()  # no lease is due yet: the slots are not scanned
-        renewed_by = now - self._settings.heartbeat_age
-        due = {user_id: token for user_id, token, at in self._held() if at <= renewed_by}
-        lost: set[str] = set()
-        if due:
-            sent = self._clock.now()
-            lost = await self._directory.renew_many(due, ttl_s)
-            for user_id, token in due.items():
-                slot = self._slots.get(user_id)
-                if slot is None or slot.token != token:
-                    continue  # the worker ended meanwhile
-                if user_id in lost:
-                    slot.lost = True
-                    log.warning(
-                        "worker of user %s lost its lease (token %d); stopping", user_id, token
-                    )
-                elif slot.renewed_at is None or slot.renewed_at < sent:
-                    slot.renewed_at = sent
-        self._next_renewal = self._earliest_renewal()
-        return lost
+        """The leases' heartbeat (``HostLeases.heartbeat``), which the control loop runs:
+        renews every due lease of this host in one batch; returns the users whose lease was
+        lost (their workers take nothing more)."""
+        return await self._leases.heartbeat()
 
-    def _earliest_renewal(self) -> datetime | None:
-        """When the first lease held now becomes due (None: none is held). A renewal only
-        moves a lease's time later, and a lease taken later is recorded by ``_acquire``, so
-        until then the heartbeat has nothing to renew."""
-        oldest = min((at for _, _, at in self._held()), default=None)
-        return None if oldest is None else oldest + self._settings.heartbeat_age
-
-    def _held(self) -> Iterator[tuple[str, int, datetime]]:
-        """(user, token, time of the last renewal) of each lease this host holds and has not
-        found lost."""
-        for user_id, slot in self._slots.items():
-            if slot.token is not None and not slot.lost and slot.renewed_at is not None:
-                yield user_id, slot.token, slot.renewed_at
-
-    async def _serve(self, user_id: str, slot: _Slot) -> None:
+    async def _serve(self, user_id: str, slot: WorkerSlot) -> None:
         settings = self._settings
         token: int | None = None
         ended = False  # the lease was never ours, is lost, or was retired: nothing to release
@@ -342,9 +282,7 @@ class WorkerHost:
                 if slot.lost:
                     ended = True
                     return
-                assert slot.renewed_at is not None
-                renewal_due = self._seconds_since(slot.renewed_at) >= settings.mark_ttl_s / 3
-                if renewal_due and not await self._renew(user_id, slot, token):
+                if self._leases.renewal_due(slot) and not await self._renew(user_id, slot, token):
                     ended = True
                     return
                 if not stranded:
@@ -386,44 +324,25 @@ class WorkerHost:
                         settings.mark_ttl_s,
                     )
 
-    async def _acquire(self, user_id: str, slot: _Slot) -> int | None:
-        """Take the user's lease for this host, through outages (the outage gate: with no lease
-        yet, until the store is back); its token, recorded on ``slot`` with the time the call
-        that got it was sent; None when another holder has the lease."""
-        sent = self._clock.now()
+    async def _acquire(self, user_id: str, slot: WorkerSlot) -> int | None:
+        """``HostLeases.acquire`` through outages (the outage gate: with no lease yet, until
+        the store is back)."""
 
         async def acquire() -> int | None:
-            nonlocal sent
-            sent = self._clock.now()
-            return await self._directory.acquire(user_id, self._holder, self._settings.mark_ttl_s)
+            return await self._leases.acquire(user_id, slot)
 
-        token = await self._gate.outlast(user_id, slot, "taking its lease", acquire)
-        if token is not None:
-            slot.token, slot.renewed_at = token, sent
-            due = sent + self._settings.heartbeat_age
-            if self._next_renewal is not None and due < self._next_renewal:
-                self._next_renewal = due
-        return token
+        return await self._gate.outlast(user_id, slot, "taking its lease", acquire)
 
-    async def _renew(self, user_id: str, slot: _Slot, token: int) -> bool:
-        """Renew the lease through outages, recording when the call that renewed it was sent;
-        False (with a warning) when it is lost. Raises ``LeaseGone`` (see
+    async def _renew(self, user_id: str, slot: WorkerSlot, token: int) -> bool:
+        """``HostLeases.renew`` through outages. Raises ``LeaseGone`` (see
         ``OutageGate.outlast``)."""
-        sent = self._clock.now()
 
         async def renew() -> bool:
-            nonlocal sent
-            sent = self._clock.now()
-            return await self._directory.renew(user_id, token, self._settings.mark_ttl_s)
+            return await self._leases.renew(user_id, slot, token)
 
-        if await self._gate.outlast(user_id, slot, "renewing its lease", renew):
-            if slot.renewed_at is None or slot.renewed_at < sent:
-                slot.renewed_at = sent
-            return True
-        log.warning("worker of user %s lost its lease (token %d); stopping", user_id, token)
-        return False
+        return await self._gate.outlast(user_id, slot, "renewing its lease", renew)
 
-    async def _recover(self, user_id: str, slot: _Slot) -> list[OrderRequest]:
+    async def _recover(self, user_id: str, slot: WorkerSlot) -> list[OrderRequest]:
         """The user's in-flight requests (a crashed worker's), through outages."""
 
         async def in_flight() -> list[OrderRequest]:
@@ -436,7 +355,7 @@ class WorkerHost:
             log.warning("recovering order %s of user %s", request.order_id, user_id)
         return stranded
 
-    async def _take(self, user_id: str, slot: _Slot) -> list[OrderRequest]:
+    async def _take(self, user_id: str, slot: WorkerSlot) -> list[OrderRequest]:
         """The user's next request ([] when none came within ``poll_s``), through outages.
         After an interrupted take, the in-flight list first: a take whose answer was lost
         may have moved a request there, and it is executed before any other. (Nothing else
@@ -467,7 +386,7 @@ class WorkerHost:
                 )
         return taken
 
-    async def _retire(self, user_id: str, slot: _Slot, token: int) -> bool:
+    async def _retire(self, user_id: str, slot: WorkerSlot, token: int) -> bool:
         """``WorkerDirectory.retire`` through outages (see ``OutageGate.outlast``)."""
 
         async def retire() -> bool:
@@ -478,7 +397,7 @@ class WorkerHost:
     def _seconds_since(self, since: datetime) -> float:
         return (self._clock.now() - since).total_seconds()
 
-    async def _execute(self, user_id: str, slot: _Slot, request: OrderRequest) -> None:
+    async def _execute(self, user_id: str, slot: WorkerSlot, request: OrderRequest) -> None:
         """Execute ``request`` and publish its result, through store outages (see the module
         doc): once it has the result, only the publication is tried again. Raises
         ``LeaseGone`` when the lease was lost before the result was published: the request
@@ -493,18 +412,3 @@ class WorkerHost:
             await self._queue.complete(request, result)
 
         await self._gate.outlast(user_id, slot, f"order {request.order_id}", execute_and_complete)
-
-    def _lease_gone(self, slot: _Slot) -> bool:
-        """Whether the worker must stop (asked by the outage gate): it holds a lease, and the
-        heartbeat found it lost or has not renewed it for a whole time to live. A lapsed lease
-        counts as lost (the slot is marked so). Before a lease is taken there is nothing to
-        lose: False."""
-        if slot.token is None:
-            return False
-        if slot.lost:
-            return True
-        assert slot.renewed_at is not None
-        if self._seconds_since(slot.renewed_at) >= self._settings.mark_ttl_s:
-            slot.lost = True
-            return True
-        return False

@@ -1,319 +1,27 @@
-"""In-memory order queue, worker directory and order-tasks FIFO queue (one event loop).
+"""The order-tasks FIFO queue in memory: message groups, delays, visibility timeout, dead
+letter (one event loop).
 
 Each operation runs without an ``await`` between its read and its write, so it is atomic
-with respect to every other coroutine, as the Redis commands and scripts are. Expiry (leases,
-replies, visibility) follows the injected Clock; blocking calls (``take``, ``wait_result``,
-``wait_active``, ``next_start_request``, ``receive``) wait in real time, up to their timeout,
-and return as soon as what they wait for arrives.
+with respect to every other coroutine, as the Redis scripts are. Delays, visibility and the
+deduplication window follow the injected Clock; ``receive`` waits in real time, up to its
+timeout, and returns as soon as a message is delivered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
-from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 import attrs
 
-from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import FillDelivery, FillTask
 from tradecore.ports.runtime import Clock
-
-T = TypeVar("T")
-
-REPLY_TTL_S = 60.0
-"""A reply nobody collected is dropped after this long (the API waits at most 30 s)."""
-_REPLY_TTL = timedelta(seconds=REPLY_TTL_S)
+from tradecore_adapters.memory.doorbell import ANY, Doorbell, wait_for
 
 _POLL_S = 0.05
 """Longest real wait between two looks at the order-tasks queue (visibility is by clock)."""
-
-_ANY = "*"
-
-
-def _resolve(waiter: asyncio.Future[bool], rung: bool) -> None:
-    if not waiter.done():
-        waiter.set_result(rung)
-
-
-class _Doorbell:
-    """Wake-ups by key: ``ring(key)`` wakes every coroutine waiting on that key right now."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[str, list[asyncio.Future[bool]]] = {}
-
-    def ring(self, key: str) -> None:
-        waiters = self._waiting.pop(key, None)
-        if waiters is not None:
-            for waiter in waiters:
-                _resolve(waiter, True)
-
-    async def wait(self, key: str, deadline: float) -> bool:
-        """True on the next ring of ``key``; False once the loop's time reached ``deadline``
-        without one. A cancelled wait leaves nothing behind."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        waiters = self._waiting.get(key)
-        if waiters is None:
-            self._waiting[key] = [waiter]
-        else:
-            waiters.append(waiter)
-        timer = loop.call_at(deadline, _resolve, waiter, False)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-            if not (waiter.done() and not waiter.cancelled() and waiter.result()):
-                self._forget(key, waiter)  # a timeout or a cancellation: still listed
-
-    def _forget(self, key: str, waiter: asyncio.Future[bool]) -> None:
-        waiters = self._waiting.get(key)
-        if waiters is None:
-            return
-        try:
-            waiters.remove(waiter)
-        except ValueError:  # rung after its timeout: the ring took the list already
-            return
-        if not waiters:
-            del self._waiting[key]
-
-
-async def _wait_for(
-    bell: _Doorbell,
-    key: str,
-    ready: Callable[[], T | None],
-    timeout_s: float,
-    pause_s: Callable[[], float | None] | None = None,
-) -> T | None:
-    """``ready()`` as soon as it is not None, re-checked on every ring of ``key`` and, when
-    ``pause_s`` is given, after at most ``pause_s()`` seconds (None: until a ring); None once
-    ``timeout_s`` of real time passed. A ``timeout_s`` <= 0 checks once and never waits."""
-    value = ready()
-    if value is not None or timeout_s <= 0:
-        return value
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        wake_at = deadline
-        if pause_s is not None:
-            pause = pause_s()
-            if pause is not None:
-                wake_at = min(deadline, loop.time() + pause)
-        rung = await bell.wait(key, wake_at)
-        value = ready()
-        if value is not None or (not rung and wake_at == deadline) or loop.time() >= deadline:
-            return value
-
-
-@attrs.frozen
-class _Lease:
-    holder: str
-    token: int
-    expires_at: datetime
-
-
-class MemoryWorkerDirectory:
-    """WorkerDirectory: leases (active marks) with a time to live, and the worker-control queue.
-
-    Fencing tokens come from a per-user counter that never goes back, even after a lease
-    expired or was released. ``attach_queue`` links the order queue whose request lists
-    ``retire`` must find empty.
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._leases: dict[str, _Lease] = {}
-        self._fences: dict[str, int] = {}
-        self._starts: deque[str] = deque()
-        self._start_pending: set[str] = set()
-        self._marks_bell = _Doorbell()
-        self._starts_bell = _Doorbell()
-        self._queue: MemoryOrderQueue | None = None
-
-    def attach_queue(self, queue: MemoryOrderQueue) -> None:
-        self._queue = queue
-
-    def is_marked(self, user_id: str) -> bool:
-        """The mark exists now (synchronous, for the order queue's atomic push)."""
-        return self._lease(user_id) is not None
-
-    async def is_active(self, user_id: str) -> bool:
-        return self.is_marked(user_id)
-
-    async def request_start(self, user_id: str) -> None:
-        if user_id in self._start_pending:
-            return
-        self._start_pending.add(user_id)
-        self._starts.append(user_id)
-        self._starts_bell.ring(_ANY)
-
-    async def wait_active(self, user_id: str, timeout_s: float) -> bool:
-        marked = await _wait_for(
-            self._marks_bell, user_id, lambda: True if self.is_marked(user_id) else None, timeout_s
-        )
-        return marked is not None
-
-    async def next_start_request(self, timeout_s: float) -> str | None:
-        return await _wait_for(self._starts_bell, _ANY, self._pop_start, timeout_s)
-
-    async def orphaned_users(self, limit: int = 100) -> list[str]:
-        queue = self._queue
-        if queue is None:
-            return []
-        return [u for u in queue.users_with_requests() if not self.is_marked(u)][:limit]
-
-    async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
-        lease = self._lease(user_id)
-        if lease is not None and lease.holder != holder:
-            return None
-        if lease is None:
-            token = self._fences.get(user_id, 0) + 1
-            self._fences[user_id] = token
-        else:
-            token = lease.token
-        self._leases[user_id] = _Lease(holder, token, self._expiry(ttl_s))
-        self._marks_bell.ring(user_id)
-        return token
-
-    async def renew(self, user_id: str, token: int, ttl_s: float) -> bool:
-        lease = self._lease(user_id)
-        if lease is None or lease.token != token:
-            return False
-        self._leases[user_id] = attrs.evolve(lease, expires_at=self._expiry(ttl_s))
-        return True
-
-    async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
-        return {u for u, token in leases.items() if not await self.renew(u, token, ttl_s)}
-
-    async def release(self, user_id: str, token: int) -> None:
-        lease = self._lease(user_id)
-        if lease is not None and lease.token == token:
-            del self._leases[user_id]
-
-    async def retire(self, user_id: str, token: int) -> bool:
-        lease = self._lease(user_id)
-        if lease is None or lease.token != token:
-            return False
-        if self._queue is not None and self._queue.has_waiting(user_id):
-            return False
-        del self._leases[user_id]
-        return True
-
-    def _lease(self, user_id: str) -> _Lease | None:
-        """The user's lease unless it expired (an expired one is dropped)."""
-        lease = self._leases.get(user_id)
-        if lease is None:
-            return None
-        if lease.expires_at <= self._clock.now():
-            del self._leases[user_id]
-            return None
-        return lease
-
-    def _expiry(self, ttl_s: float) -> datetime:
-        return self._clock.now() + timedelta(seconds=ttl_s)
-
-    def _pop_start(self) -> str | None:
-        if not self._starts:
-            return None
-        user_id = self._starts.popleft()
-        self._start_pending.discard(user_id)
-        return user_id
-
-
-class MemoryOrderQueue:
-    """OrderQueue: per-user request lists, in-flight lists and reply slots.
-
-    ``push`` checks the directory's mark in the same step as the append. A reply is kept
-    until ``wait_result`` collects it (even if it came before the wait began) or until
-    ``REPLY_TTL_S`` passed by the clock; a reply is collected once.
-    """
-
-    def __init__(self, clock: Clock, directory: MemoryWorkerDirectory) -> None:
-        self._clock = clock
-        self._directory = directory
-        self._waiting: dict[str, deque[OrderRequest]] = {}
-        self._taken: dict[str, list[OrderRequest]] = {}
-        # Completion order, so expiry order; an OrderedDict finds its oldest entry at once.
-        self._replies: OrderedDict[str, tuple[OrderResult, datetime]] = OrderedDict()
-        self._requests_bell = _Doorbell()
-        self._replies_bell = _Doorbell()
-
-    def users_with_requests(self) -> list[str]:
-        """Users with a request waiting or in flight."""
-        users = {u for u, w in self._waiting.items() if w} | {
-            u for u, t in self._taken.items() if t
-        }
-        return sorted(users)
-
-    def has_waiting(self, user_id: str) -> bool:
-        """A request of ``user_id`` waits to be taken (synchronous, for ``retire``)."""
-        return bool(self._waiting.get(user_id))
-
-    async def push(self, request: OrderRequest) -> bool:
-        if not self._directory.is_marked(request.user_id):
-            return False
-        self._waiting.setdefault(request.user_id, deque()).append(request)
-        self._requests_bell.ring(request.user_id)
-        return True
-
-    async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
-        return await _wait_for(
-            self._replies_bell, request_id, lambda: self._collect(request_id), timeout_s
-        )
-
-    async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
-        return await _wait_for(
-            self._requests_bell, user_id, lambda: self._move_oldest(user_id), timeout_s
-        )
-
-    async def complete(self, request: OrderRequest, result: OrderResult) -> None:
-        taken = self._taken.get(request.user_id)
-        if taken is not None:
-            for index, candidate in enumerate(taken):
-                if candidate.request_id == request.request_id:
-                    del taken[index]
-                    break
-            if not taken:
-                del self._taken[request.user_id]
-        now = self._clock.now()
-        self._drop_expired_replies(now)
-        self._replies[request.request_id] = (result, now + _REPLY_TTL)
-        self._replies_bell.ring(request.request_id)
-
-    async def in_flight(self, user_id: str) -> list[OrderRequest]:
-        return list(self._taken.get(user_id, []))
-
-    def _move_oldest(self, user_id: str) -> OrderRequest | None:
-        waiting = self._waiting.get(user_id)
-        if not waiting:
-            return None
-        request = waiting.popleft()
-        if not waiting:
-            del self._waiting[user_id]
-        taken = self._taken.get(user_id)
-        if taken is None:
-            self._taken[user_id] = [request]
-        else:
-            taken.append(request)
-        return request
-
-    def _collect(self, request_id: str) -> OrderResult | None:
-        entry = self._replies.pop(request_id, None)
-        if entry is None or entry[1] <= self._clock.now():
-            return None
-        return entry[0]
-
-    def _drop_expired_replies(self, now: datetime) -> None:
-        replies = self._replies
-        while replies:  # the expired ones are at the front
-            oldest = next(iter(replies))
-            if replies[oldest][1] > now:
-                return
-            del replies[oldest]
 
 
 @attrs.define
@@ -375,7 +83,7 @@ class MemoryFillTaskQueue:
         self._sent: OrderedDict[str, datetime] = OrderedDict()
         self._dead: list[tuple[FillTask, str]] = []
         self._ids = itertools.count(1)
-        self._bell = _Doorbell()
+        self._bell = Doorbell()
 
     async def send(self, task: FillTask, delay_s: float) -> None:
         now = self._clock.now()
@@ -384,17 +92,17 @@ class MemoryFillTaskQueue:
         message = _Message(next(self._ids), task, self._after(now, delay_s))
         self._messages[message.id] = message
         heapq.heappush(self._delayed, (message.visible_at, message.id, message.placement))
-        self._bell.ring(_ANY)
+        self._bell.ring(ANY)
 
     async def receive(self, timeout_s: float) -> FillDelivery | None:
-        return await _wait_for(self._bell, _ANY, self._deliver, timeout_s, self._pause_s)
+        return await wait_for(self._bell, ANY, self._deliver, timeout_s, self._pause_s)
 
     async def ack(self, delivery: FillDelivery) -> None:
         message = self._current(delivery)
         if message is not None:
             del self._messages[message.id]
             self._unplace(message)
-            self._bell.ring(_ANY)
+            self._bell.ring(ANY)
 
     async def retry(self, delivery: FillDelivery, delay_s: float) -> None:
         message = self._current(delivery)
@@ -403,7 +111,7 @@ class MemoryFillTaskQueue:
             message.in_flight_until = None
             message.visible_at = self._after(self._clock.now(), delay_s)
             heapq.heappush(self._delayed, (message.visible_at, message.id, message.placement))
-            self._bell.ring(_ANY)
+            self._bell.ring(ANY)
 
     async def dead_letter(self, delivery: FillDelivery, reason: str) -> None:
         message = self._current(delivery)
@@ -411,7 +119,7 @@ class MemoryFillTaskQueue:
             del self._messages[message.id]
             self._unplace(message)
             self._dead.append((message.task, reason))
-            self._bell.ring(_ANY)
+            self._bell.ring(ANY)
 
     async def dead_letters(self) -> list[tuple[FillTask, str]]:
         return list(self._dead)
