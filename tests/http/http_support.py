@@ -19,13 +19,14 @@ from dependency_injector import providers
 
 from tradecore.audit import AuditAction, StoredAuditEntry
 from tradecore.identity import Plan, User
-from tradecore.services.provisioning import NewAccount
+from tradecore.services.accounts.provisioning import NewAccount
 from tradecore.services.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options
-from tradecore_entrypoints.container import Application, Settings, build_container, make_app
+from tradecore_entrypoints.container import Application, build_container, make_app
 from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.settings import Settings
 
 PASSWORD = "correct horse battery staple"
 BASE_URL = "http://tradecore.test"

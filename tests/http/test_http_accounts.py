@@ -19,7 +19,7 @@ from http_support import Env, Session, Trader, login, running
 
 from tradecore.audit import AuditAction
 from tradecore_adapters.crypto.transport import DEFAULT_KEY_NAME as KEY_NAME
-from tradecore_entrypoints.container import Settings
+from tradecore_entrypoints.settings import Settings
 
 CREDENTIALS = {"api_key": "AKIA-http-key-31337", "api_secret": "hush-hush-secret-2718"}
 OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)

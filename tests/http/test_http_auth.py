@@ -14,7 +14,7 @@ from tradecore.audit import AuditAction
 from tradecore.identity import Plan
 from tradecore.testing.clock import FakeClock
 from tradecore_entrypoints.cli import admin_revoke_sessions
-from tradecore_entrypoints.container import Settings
+from tradecore_entrypoints.settings import Settings
 
 
 async def test_login_sets_both_cookies_with_the_specification_flags(env: Env) -> None:
@@ -268,8 +268,8 @@ async def test_forgot_and_reset_password(env: Env) -> None:
     known = await env.client.post("/auth/forgot-password", json={"email": "ada@example.com"})
     assert unknown.status == known.status == 202
     assert await unknown.json() == await known.json()
-    account_security = env.container.services.account_security()
-    await account_security.drain()
+    password_reset = env.container.services.password_reset()
+    await password_reset.drain()
     mail = env.system.outbox.sent[-1]
     token = re.search(r"#token=([A-Za-z0-9_-]+)", mail.text)
     assert token is not None

@@ -22,7 +22,8 @@ from tradecore_entrypoints.cli import (
     seed_demo,
     serve_forever,
 )
-from tradecore_entrypoints.container import ConfigError, Settings, build_container
+from tradecore_entrypoints.container import build_container
+from tradecore_entrypoints.settings import ConfigError, Settings
 
 STRONG = "x" * 32
 KEY = "A" * 43  # 32 bytes of URL-safe base64

@@ -15,7 +15,8 @@ from tradecore.audit import AuditAction
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.http import runner_options
 from tradecore_adapters.http.config import SECURITY_HEADERS
-from tradecore_entrypoints.container import Settings, make_app
+from tradecore_entrypoints.container import make_app
+from tradecore_entrypoints.settings import Settings
 
 DASHBOARD = "https://app.example.com"
 

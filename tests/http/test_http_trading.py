@@ -11,7 +11,7 @@ import pytest
 from http_support import BASE_URL, Env, Session, Trader, login, running
 
 from tradecore.audit import AuditAction
-from tradecore_entrypoints.container import Settings
+from tradecore_entrypoints.settings import Settings
 
 
 @pytest.fixture

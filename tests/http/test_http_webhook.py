@@ -14,7 +14,7 @@ from http_support import Env, Trader, running
 
 from tradecore.audit import AuditAction
 from tradecore.identity import AllowedIp, Plan
-from tradecore_entrypoints.container import Settings
+from tradecore_entrypoints.settings import Settings
 
 PROBLEM = "application/problem+json"
 

@@ -35,7 +35,8 @@ from schemathesis.checks import (
 import tradecore_adapters.http
 from tradecore_adapters.http import runner_options
 from tradecore_entrypoints.cli import seed_demo
-from tradecore_entrypoints.container import Settings, build_container, make_app
+from tradecore_entrypoints.container import build_container, make_app
+from tradecore_entrypoints.settings import Settings
 
 DOCUMENT = Path(tradecore_adapters.http.__file__).parent / "openapi.json"
 CHECKS = [

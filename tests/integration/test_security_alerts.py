@@ -31,10 +31,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from smtp_support import Inbox, free_port
 
+from tradecore.attacks import ATTACK_POLICIES
 from tradecore.audit import AuditAction, AuditEntry, RequestContext, StoredAuditEntry
 from tradecore.identity import AllowedIp, Plan, User
-from tradecore.security import ATTACK_POLICIES
-from tradecore.services.provisioning import NewAccount
+from tradecore.services.accounts.provisioning import NewAccount
 from tradecore.services.security_report import (
     ACCOUNT_COUNT_LIMIT,
     MAX_DAYS,
@@ -52,13 +52,12 @@ from tradecore_adapters.mail.smtp import SmtpMailer, SmtpSettings
 from tradecore_entrypoints.cli import main
 from tradecore_entrypoints.container import (
     Application,
-    ConfigError,
-    Settings,
     build_container,
     make_app,
     make_mailer,
 )
 from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.settings import ConfigError, Settings
 
 PASSWORD = "correct horse battery staple"
 MAIL_FROM = "alerts@tradecore.test"

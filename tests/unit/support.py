@@ -21,7 +21,7 @@ from tradecore.orders import (
     OrderType,
     Source,
 )
-from tradecore.services.provisioning import NewAccount
+from tradecore.services.accounts.provisioning import NewAccount
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_entrypoints.embedded import EmbeddedSystem
 

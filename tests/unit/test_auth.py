@@ -19,17 +19,14 @@ from racing import RacingUsers
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
-from tradecore.services.auth import (
-    INVALID_CREDENTIALS,
-    NOT_AUTHENTICATED,
-    Authenticator,
-    AuthSettings,
-    IssuedTokens,
-    LoginResult,
-)
+from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.login import LoginResult
+from tradecore.services.identity.refusals import INVALID_CREDENTIALS, NOT_AUTHENTICATED
+from tradecore.services.identity.session_tokens import IssuedTokens
+from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.security_events import SecurityEvents
-from tradecore.services.vocabulary import Principal, Rejected
-from tradecore.sessions import access_claims, hash_token, new_api_key
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
+from tradecore.sessions import access_claims, hash_token, new_api_key, refresh_claims
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.crypto.tokens import JwtTokenCodec
@@ -376,6 +373,21 @@ async def test_a_store_outage_is_503_not_401() -> None:
     token = world.codec.encode(access_claims("uid-1", "sid-1", "j", EPOCH, timedelta(minutes=5)))
     outage = await world.auth.authenticate(token, None)
     assert isinstance(outage, Rejected) and outage.status == 503
+
+
+async def test_every_session_use_case_answers_an_outage_with_the_shared_503() -> None:
+    world = make_world(users=DownUsers())
+    assert await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx()) == UNAVAILABLE
+    assert await world.auth.password_grant(EMAIL, PASSWORD, ctx()) == UNAVAILABLE
+    session = Session(
+        "sid-1", "uid-1", "csrf", USER_IP, BROWSER, EPOCH, refresh_jti=hash_token("r")
+    )
+    await world.sessions.add(session)
+    refresh = world.codec.encode(refresh_claims("uid-1", "sid-1", "r", EPOCH, timedelta(days=1)))
+    assert await world.auth.refresh(refresh, ctx()) == UNAVAILABLE
+    access = world.codec.encode(access_claims("uid-1", "sid-1", "a", EPOCH, timedelta(minutes=5)))
+    assert await world.auth.authenticate(access, None) == UNAVAILABLE
+    assert await world.auth.authenticate(None, access) == UNAVAILABLE
 
 
 # --- request authentication -----------------------------------------------------------------

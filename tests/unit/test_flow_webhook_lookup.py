@@ -20,7 +20,7 @@ from tradecore.ports.repositories import WebhookOwner
 from tradecore.services.dashboard_order import DashboardOrder
 from tradecore.services.outcomes import Accepted
 from tradecore.services.vocabulary import Rejected
-from tradecore.webhooks import hash_secret
+from tradecore.webhooks.checks import hash_secret
 
 
 async def owner_of(trader: Trader) -> WebhookOwner:

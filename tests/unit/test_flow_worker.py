@@ -11,8 +11,8 @@ from decimal import Decimal
 import pytest
 from support import Trader, make_trader
 
-from tradecore.broker import Broker
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
+from tradecore.ports.broker import Broker
 from tradecore.services.outcomes import Accepted, Queued
 from tradecore.services.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected

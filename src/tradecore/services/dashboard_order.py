@@ -13,20 +13,19 @@ from decimal import Decimal
 
 import attrs
 
+from tradecore.attacks import ip_blocked_metadata
 from tradecore.audit import AuditAction, RequestContext
-from tradecore.errors import StoreUnavailable
 from tradecore.identity import User
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import AlertAction, OrderType, Source
 from tradecore.ports.repositories import AllowedIpRepository, TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.security import ip_blocked_metadata
 from tradecore.services.dispatch import OrderDispatcher, OrderIntent
 from tradecore.services.order_checks import OrderChecks
 from tradecore.services.outcomes import OrderOutcome
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
-from tradecore.services.vocabulary import Rejected
+from tradecore.services.vocabulary import Rejected, refuses_outages
 
 
 @attrs.frozen
@@ -61,18 +60,11 @@ class DashboardOrders:
         self._clock = clock
         self._settings = settings
 
+    @refuses_outages
     async def place(
         self, user: User, order: DashboardOrder, *, simulation: bool, context: RequestContext
     ) -> OrderOutcome:
         """Check and dispatch one order; 503 when a store is down."""
-        try:
-            return await self._place(user, order, simulation, context)
-        except StoreUnavailable:
-            return Rejected(503, "unavailable", "Service temporarily unavailable")
-
-    async def _place(
-        self, user: User, order: DashboardOrder, simulation: bool, context: RequestContext
-    ) -> OrderOutcome:
         now = self._clock.now()
         account = await self._accounts.get(order.trading_account_id)
         if account is None or account.user_id != user.id:

@@ -25,12 +25,11 @@ from typing import Any
 
 import attrs
 
+from tradecore.attacks import ATTACK_POLICIES
 from tradecore.audit import AuditAction, StoredAuditEntry
-from tradecore.errors import StoreUnavailable
 from tradecore.ports.repositories import AuditLog, TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.security import ATTACK_POLICIES
-from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected, bad_request
+from tradecore.services.vocabulary import Principal, Rejected, bad_request, refuses_outages
 
 DEFAULT_PAGE = 1
 MAX_PAGE = 10_000
@@ -170,6 +169,7 @@ class SecurityReport:
         self._accounts = accounts
         self._clock = clock
 
+    @refuses_outages
     async def page(
         self, principal: Principal, page: object, page_size: object, days: object
     ) -> SecurityReportPage | Rejected:
@@ -178,12 +178,7 @@ class SecurityReport:
         query = parse_report_query(page, page_size, days)
         if isinstance(query, Rejected):
             return query
-        try:
-            return await self._report(principal.user_id, query)
-        except StoreUnavailable:
-            return UNAVAILABLE
-
-    async def _report(self, user_id: str, query: ReportQuery) -> SecurityReportPage:
+        user_id = principal.user_id
         since = self._clock.now() - timedelta(days=query.days)
         entries, total = await self._audit.list_for_user(
             user_id,

@@ -33,6 +33,20 @@ class Rejected:
 UNAVAILABLE = Rejected(503, "unavailable", "Service temporarily unavailable")
 """A store did not answer: nothing was changed that the caller can see, so a retry is safe."""
 
+NOT_FOUND = Rejected(404, "not_found", "Not found")
+"""No such thing of the caller's: a missing one and another user's get the same answer."""
+
+CONFLICT = Rejected(
+    409, "conflict", "The account was changed by another request at the same time; try again"
+)
+"""A compare-and-set save lost to another request on every attempt; nothing was changed."""
+
+BROWSER_SESSION_REQUIRED = Rejected(
+    403, "browser_session_required", "Credentials are managed from a browser session"
+)
+"""Credentials (API keys, allowed IPs, webhook and broker credentials) are managed from a
+browser session: a request made with an API key is refused."""
+
 
 def bad_request(detail: str) -> Rejected:
     """400 with a reason that is safe to show."""

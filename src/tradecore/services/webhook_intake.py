@@ -1,4 +1,4 @@
-"""The webhook order flow: ``POST /webhook/{token}/order`` (architecture.md §4).
+"""The webhook order flow: ``POST /webhook/{token}/order`` (docs/architecture.md, "The flows").
 
 1. strict parse (400 ``webhook_payload_invalid``);
 2. layer 1: the URL token resolves to account and user in one lookup (404 / 403 disabled),
@@ -24,6 +24,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tradecore.attacks import (
+    credential_attack_metadata,
+    expired_metadata,
+    ip_blocked_metadata,
+    payload_invalid_metadata,
+    replay_metadata,
+)
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import StoreUnavailable
 from tradecore.limits import start_of_utc_day
@@ -32,34 +39,25 @@ from tradecore.orders import Source
 from tradecore.ports.protection import ReplayStore, WebhookAdmission
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.security import (
-    credential_attack_metadata,
-    expired_metadata,
-    ip_blocked_metadata,
-    payload_invalid_metadata,
-    replay_metadata,
-)
 from tradecore.services.dispatch import Duplicate, OrderDispatcher, OrderIntent
 from tradecore.services.order_checks import OrderChecks
 from tradecore.services.outcomes import OrderOutcome
 from tradecore.services.security_events import SecurityEvents
 from tradecore.services.settings import OrderSettings
-from tradecore.services.vocabulary import Rejected
-from tradecore.webhooks import (
-    PayloadInvalid,
+from tradecore.services.vocabulary import UNAVAILABLE, Rejected
+from tradecore.webhooks.checks import (
     hash_secret,
-    parse_webhook_body,
     replay_fingerprint,
     replay_ttl_seconds,
     request_age_seconds,
     secret_matches,
     timestamp_within_window,
 )
+from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 
 log = logging.getLogger(__name__)
 
 NOT_FOUND = Rejected(404, "not_found", "Not found")
-UNAVAILABLE = Rejected(503, "unavailable", "Service temporarily unavailable")
 
 
 class WebhookIntake:
@@ -89,6 +87,7 @@ class WebhookIntake:
         self, token: str, body: bytes, *, simulation: bool, context: RequestContext
     ) -> OrderOutcome:
         """Run the flow for one request; never raises for bad input or a store outage (503)."""
+        # Not @refuses_outages: an outage must first release the replay key this request claimed.
         claimed: list[str] = []
         try:
             return await self._handle(token, body, simulation, context, claimed)
@@ -187,7 +186,7 @@ class WebhookIntake:
         )
         ttl = replay_ttl_seconds(now, payload.timestamp, account.max_request_age)
         settings = self._settings
-        try:
+        try:  # handled here: a key-value store outage is this request's one audit entry
             admission = await self._admission.admit(
                 fingerprint, ttl, user.id, settings.rate_limit_per_minute, settings.rate_window_s
             )

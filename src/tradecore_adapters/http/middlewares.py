@@ -5,7 +5,7 @@
 2. ``cors``: preflights and the CORS headers for ``ALLOWED_ORIGINS``, with credentials and a
    limited set of exposed headers.
 3. ``browser_only`` (production only): requests need ``Origin`` or ``Referer``, and unsafe
-   methods need one of ``ALLOWED_ORIGINS`` (security.md), except on the specification's exempt
+   methods need one of ``ALLOWED_ORIGINS`` (docs/security.md), except on the specification's exempt
    paths and for bearer-only requests, which carry no ambient credential.
 4. ``csrf``: keeps the ``X-CSRF-Token`` header of unsafe methods for the comparison with the
    session's token, which runs when the request is authenticated by its cookie
@@ -27,6 +27,7 @@ from aiohttp.typedefs import Handler
 
 from tradecore.errors import StoreUnavailable
 from tradecore.netaddr import client_ip
+from tradecore.services.vocabulary import UNAVAILABLE
 from tradecore.sessions import CSRF_HEADER, CSRF_PROTECTED_METHODS
 from tradecore_adapters.http.config import (
     CORS_ALLOWED_HEADERS,
@@ -165,7 +166,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.warning(
             "503 on %s %s: a store is unavailable", request.method, redact_path(request.path)
         )
-        return problem_response(503, "Service temporarily unavailable", code="unavailable")
+        return rejected_response(UNAVAILABLE)
     except web.HTTPException as e:
         if e.status < 400:
             raise

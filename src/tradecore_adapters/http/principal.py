@@ -13,10 +13,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from tradecore.attacks import csrf_metadata
 from tradecore.audit import AuditAction
-from tradecore.security import csrf_metadata
-from tradecore.services.account_security import BROWSER_SESSION_REQUIRED
-from tradecore.services.vocabulary import Principal, Rejected
+from tradecore.services.vocabulary import BROWSER_SESSION_REQUIRED, Principal, Rejected
 from tradecore.sessions import csrf_matches, csrf_required
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE
 from tradecore_adapters.http.problems import Problem

@@ -18,16 +18,20 @@ from aiohttp import web
 
 from tradecore.accounts import TradingAccount
 from tradecore.audit import RequestContext
-from tradecore.broker import InstrumentDirectory
+from tradecore.ports.broker import InstrumentDirectory
 from tradecore.ports.crypto import TransportKey
 from tradecore.ports.repositories import AuditLog, OrderHistory, TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.services.account_security import AccountSecurity
-from tradecore.services.auth import Authenticator
+from tradecore.services.accounts.account_credentials import AccountCredentials
+from tradecore.services.accounts.provisioning import Provisioning
+from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.dashboard_order import DashboardOrders
-from tradecore.services.provisioning import Provisioning
+from tradecore.services.identity.allowed_ips import AllowedIps
+from tradecore.services.identity.api_keys import ApiKeys
+from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.password_reset import PasswordReset
+from tradecore.services.identity.registration import Registration
 from tradecore.services.security_events import SecurityEvents
-from tradecore.services.trading_accounts import TradingAccounts
 from tradecore.services.webhook_intake import WebhookIntake
 from tradecore_adapters.http.config import HttpConfig
 
@@ -53,7 +57,10 @@ class Services:
     """The use cases and stores the HTTP layer calls."""
 
     auth: Authenticator
-    account_security: AccountSecurity
+    registration: Registration
+    password_reset: PasswordReset
+    api_keys: ApiKeys
+    allowed_ips: AllowedIps
     webhooks: WebhookIntake
     dashboard: DashboardOrders
     provisioning: Provisioning
@@ -66,6 +73,7 @@ class Services:
     readiness: Readiness
     clock: Clock
     trading_accounts: TradingAccounts
+    account_credentials: AccountCredentials
     transport_key: TransportKey
 
 

@@ -1,4 +1,4 @@
-"""JSON shapes of the response bodies (contract.md "Bodies"; the OpenAPI file mirrors them).
+"""JSON shapes of the response bodies (docs/api.md "Bodies"; the OpenAPI file mirrors them).
 
 Decimals (quantities, prices, positions) are JSON strings in plain notation (``"0.5"``,
 ``"-2"``), so no client loses precision to binary floating point. Times are ISO 8601 in UTC.
@@ -20,7 +20,7 @@ from tradecore.audit import StoredAuditEntry
 from tradecore.identity import AllowedIp, ApiKey, Plan, User
 from tradecore.orders import OrderError, OrderHistoryRecord, OrderResult
 from tradecore.services.outcomes import Queued
-from tradecore.webhook_payload import canonical_quantity
+from tradecore.webhooks.canonical import canonical_quantity
 
 
 def decimal(value: Decimal) -> str:

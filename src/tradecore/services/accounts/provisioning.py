@@ -10,13 +10,14 @@ from decimal import Decimal
 
 import attrs
 
+from tradecore.account_rules import MAX_NAME_CHARS
 from tradecore.accounts import DEFAULT_MAX_REQUEST_AGE_S, TradingAccount
 from tradecore.identity import Plan, User
 from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.repositories import TradingAccountRepository, UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
 from tradecore.sessions import normalize_email, validate_password
-from tradecore.webhooks import hash_secret
+from tradecore.webhooks.checks import hash_secret
 
 WEBHOOK_TOKEN_BYTES = 32
 WEBHOOK_SECRET_BYTES = 32
@@ -125,8 +126,8 @@ class Provisioning:
         """A new account with its id, webhook token and secret, not yet stored (the caller
         adds what it needs, such as credentials bound to the id, then stores it)."""
         clean_name = name.strip()
-        if not 1 <= len(clean_name) <= 100:
-            raise ProvisioningError("account name must be 1 to 100 characters")
+        if not 1 <= len(clean_name) <= MAX_NAME_CHARS:
+            raise ProvisioningError(f"account name must be 1 to {MAX_NAME_CHARS} characters")
         token = self._random.token_urlsafe(WEBHOOK_TOKEN_BYTES)
         secret = self._random.token_urlsafe(WEBHOOK_SECRET_BYTES)
         account = TradingAccount(

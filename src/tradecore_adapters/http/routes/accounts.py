@@ -1,5 +1,5 @@
-"""``/trading/accounts``: the HTTP face of ``TradingAccounts`` (parse, call, render), plus the
-account's positions.
+"""``/trading/accounts``: the HTTP face of ``TradingAccounts`` and ``AccountCredentials``
+(parse, call, render), plus the account's positions.
 
 An account's webhook URL and secret are in the answer only when they are issued (create,
 regenerate, rotate); broker credentials are in no answer at all. Another user's account is
@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from tradecore.audit import AuditAction
-from tradecore.services.provisioning import webhook_url
+from tradecore.services.accounts.provisioning import webhook_url
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import json_object
@@ -105,7 +105,7 @@ async def delete_account(request: web.Request) -> web.Response:
 @routes.post("/trading/accounts/{account_id}/webhook-secret")
 async def regenerate_secret(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
-    secret = await request.app[SERVICES].trading_accounts.regenerate_secret(
+    secret = await request.app[SERVICES].account_credentials.regenerate_secret(
         principal, request.match_info["account_id"], request_context(request)
     )
     if isinstance(secret, Rejected):
@@ -116,7 +116,7 @@ async def regenerate_secret(request: web.Request) -> web.Response:
 @routes.post("/trading/accounts/{account_id}/webhook-token")
 async def rotate_token(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
-    token = await request.app[SERVICES].trading_accounts.rotate_token(
+    token = await request.app[SERVICES].account_credentials.rotate_token(
         principal, request.match_info["account_id"], request_context(request)
     )
     if isinstance(token, Rejected):
@@ -129,7 +129,7 @@ async def rotate_token(request: web.Request) -> web.Response:
 @routes.post("/trading/accounts/{account_id}/verify-credentials")
 async def verify_credentials(request: web.Request) -> web.Response:
     principal = await authenticate(request)
-    verified = await request.app[SERVICES].trading_accounts.verify_credentials(
+    verified = await request.app[SERVICES].account_credentials.verify_credentials(
         principal, request.match_info["account_id"], request_context(request)
     )
     if isinstance(verified, Rejected):

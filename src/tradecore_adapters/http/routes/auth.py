@@ -18,13 +18,14 @@ from aiohttp import web
 from tradecore.audit import AuditAction
 from tradecore.identity import User
 from tradecore.ports.crypto import TransportKeyUnavailable
-from tradecore.services.auth import IssuedTokens, LoginResult
-from tradecore.services.vocabulary import Principal, Rejected
+from tradecore.services.identity.login import LoginResult
+from tradecore.services.identity.session_tokens import IssuedTokens
+from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import form_fields, json_object
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE, REFRESH_COOKIE
 from tradecore_adapters.http.principal import audit_refusal, authenticate
-from tradecore_adapters.http.problems import Problem, fail, rejected_response
+from tradecore_adapters.http.problems import Problem, rejected_response
 from tradecore_adapters.http.state import CONFIG, SERVICES, request_context
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ async def login(request: web.Request) -> web.Response:
 @routes.post("/auth/register")
 async def register(request: web.Request) -> web.Response:
     body = await _json(request, AuditAction.REGISTER)
-    outcome = await request.app[SERVICES].account_security.register(
+    outcome = await request.app[SERVICES].registration.register(
         body.get("email"),
         body.get("password"),
         body.get("turnstile_token"),
@@ -169,7 +170,7 @@ async def token(request: web.Request) -> web.Response:
 @routes.post("/auth/forgot-password")
 async def forgot_password(request: web.Request) -> web.Response:
     body = await _json(request, AuditAction.PASSWORD_RESET_REQUESTED)
-    refused = await request.app[SERVICES].account_security.forgot_password(
+    refused = await request.app[SERVICES].password_reset.forgot_password(
         body.get("email"), request_context(request)
     )
     if refused is not None:
@@ -183,7 +184,7 @@ async def forgot_password(request: web.Request) -> web.Response:
 @routes.post("/auth/reset-password")
 async def reset_password(request: web.Request) -> web.Response:
     body = await _json(request, AuditAction.PASSWORD_RESET)
-    refused = await request.app[SERVICES].account_security.reset_password(
+    refused = await request.app[SERVICES].password_reset.reset_password(
         body.get("token"), body.get("password"), request_context(request)
     )
     if refused is not None:
@@ -238,7 +239,7 @@ async def public_key(request: web.Request) -> web.Response:
         jwk = await request.app[SERVICES].transport_key.public_jwk()
     except TransportKeyUnavailable as e:
         log.error("GET /auth/public-key: %s", e)  # a configuration fault the operator must fix
-        raise fail(503, "unavailable", "Service temporarily unavailable") from None
+        raise Problem(UNAVAILABLE) from None
     return views.json_response(dict(jwk), headers={"Cache-Control": "public, max-age=300"})
 
 
@@ -257,7 +258,7 @@ async def accept_terms(request: web.Request) -> web.Response:
         raise await audit_refusal(
             request, AuditAction.TERMS_ACCEPTED, e.rejected, user_id=principal.user_id
         ) from None
-    outcome = await request.app[SERVICES].account_security.accept_terms(
+    outcome = await request.app[SERVICES].registration.accept_terms(
         principal, body.get("version"), request_context(request)
     )
     if isinstance(outcome, Rejected):

@@ -24,7 +24,8 @@ from tradecore.orders import OrderHistoryRecord
 from tradecore.services.dashboard_order import DashboardOrder
 from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Rejected
-from tradecore.webhook_payload import PayloadInvalid, as_utc, parse_webhook_body
+from tradecore.webhooks.canonical import as_utc
+from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import parse_json_object, read_body
 from tradecore_adapters.http.config import JSON_BODY_LIMIT, WEBHOOK_BODY_LIMIT

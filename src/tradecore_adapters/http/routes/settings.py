@@ -46,7 +46,7 @@ def _expiry(value: object) -> object:
 async def list_api_keys(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
     services = request.app[SERVICES]
-    keys = await services.account_security.list_api_keys(principal)
+    keys = await services.api_keys.list_api_keys(principal)
     if isinstance(keys, Rejected):
         return rejected_response(keys)
     now = services.clock.now()
@@ -59,7 +59,7 @@ async def create_api_key(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
     services = request.app[SERVICES]
     body = await _body(request, principal, AuditAction.API_KEY_CREATED)
-    outcome = await services.account_security.create_api_key(
+    outcome = await services.api_keys.create_api_key(
         principal, body.get("name"), _expiry(body.get("expires_at")), request_context(request)
     )
     if isinstance(outcome, Rejected):
@@ -73,7 +73,7 @@ async def create_api_key(request: web.Request) -> web.Response:
 @routes.delete("/settings/api-keys/{key_id}")
 async def revoke_api_key(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
-    refused = await request.app[SERVICES].account_security.revoke_api_key(
+    refused = await request.app[SERVICES].api_keys.revoke_api_key(
         principal, request.match_info["key_id"], request_context(request)
     )
     if refused is not None:
@@ -84,7 +84,7 @@ async def revoke_api_key(request: web.Request) -> web.Response:
 @routes.get("/settings/allowed-ips")
 async def list_allowed_ips(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
-    entries = await request.app[SERVICES].account_security.list_allowed_ips(principal)
+    entries = await request.app[SERVICES].allowed_ips.list_allowed_ips(principal)
     if isinstance(entries, Rejected):
         return rejected_response(entries)
     return views.json_response({"items": [views.allowed_ip(e) for e in entries]})
@@ -94,7 +94,7 @@ async def list_allowed_ips(request: web.Request) -> web.Response:
 async def add_allowed_ip(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
     body = await _body(request, principal, AuditAction.ALLOWED_IP_ADDED)
-    outcome = await request.app[SERVICES].account_security.add_allowed_ip(
+    outcome = await request.app[SERVICES].allowed_ips.add_allowed_ip(
         principal, body.get("ip_address"), request_context(request)
     )
     if isinstance(outcome, Rejected):
@@ -105,7 +105,7 @@ async def add_allowed_ip(request: web.Request) -> web.Response:
 @routes.delete("/settings/allowed-ips/{entry_id}")
 async def remove_allowed_ip(request: web.Request) -> web.Response:
     principal = await authenticate(request, browser_session=True)
-    refused = await request.app[SERVICES].account_security.remove_allowed_ip(
+    refused = await request.app[SERVICES].allowed_ips.remove_allowed_ip(
         principal, request.match_info["entry_id"], request_context(request)
     )
     if refused is not None:

@@ -1,0 +1,1 @@
+"""Trading accounts: creating, reading, changing and deleting them, and their credentials."""

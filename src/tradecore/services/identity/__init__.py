@@ -1,0 +1,1 @@
+"""Who the caller is: the bot challenge, login, a session's tokens, request authentication."""

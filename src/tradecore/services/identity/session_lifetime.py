@@ -1,0 +1,134 @@
+"""A session after login: the silent refresh with token rotation, logout, and the
+administrative revocation of every session of a user.
+
+Refresh tokens rotate on every use, and an already-rotated one coming back revokes its session
+(the token was copied). The rotated refresh token keeps the presented one's expiry, so a
+session lives at most ``refresh_ttl`` from login. Each refresh, logout and revocation leaves
+one audit entry.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tradecore.audit import AuditAction, RequestContext
+from tradecore.ports.repositories import SessionRepository, UserRepository
+from tradecore.ports.runtime import Clock
+from tradecore.services.identity.refusals import INVALID_REFRESH, USER_DISABLED
+from tradecore.services.identity.session_audit import SessionAudit
+from tradecore.services.identity.session_tokens import IssuedTokens, SessionTokens
+from tradecore.services.vocabulary import Principal, Rejected, refuses_outages
+from tradecore.sessions import RefreshOutcome, TokenClaims, TokenType, decide_refresh, hash_token
+
+
+class SessionLifetime:
+    """Refreshes, ends and revokes sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        users: UserRepository,
+        sessions: SessionRepository,
+        tokens: SessionTokens,
+        audit: SessionAudit,
+        clock: Clock,
+    ) -> None:
+        self._users = users
+        self._sessions = sessions
+        self._tokens = tokens
+        self._audit = audit
+        self._clock = clock
+
+    @refuses_outages
+    async def refresh(
+        self, refresh_token: str | None, context: RequestContext
+    ) -> IssuedTokens | Rejected:
+        """``POST /auth/silent-refresh`` (and ``/auth/token`` with ``grant_type=refresh_token``):
+        a new access token and a rotated refresh token that expires when the presented one
+        did. 401 for a missing, invalid or expired token or an inactive session; an
+        already-rotated token revokes its session (401, audited ``refresh_token_reuse``); 403
+        for a disabled user; 503 store down."""
+        claims = self._tokens.read(refresh_token, TokenType.REFRESH)
+        if claims is None:
+            await self._audit.record(
+                AuditAction.TOKEN_REFRESH, context, None, False, "invalid token"
+            )
+            return INVALID_REFRESH
+        session = await self._sessions.get(claims.sid)
+        if session is not None and session.user_id != claims.sub:
+            session = None
+        decision = decide_refresh(session, hash_token(claims.jti))
+        if decision.outcome is RefreshOutcome.REJECT:
+            return await self._refused(claims, context, decision.reason, INVALID_REFRESH)
+        if decision.outcome is RefreshOutcome.REUSE_DETECTED:
+            return await self._reuse_detected(claims, context)
+        user = await self._users.get(claims.sub)
+        if user is None:
+            return await self._refused(claims, context, "unknown user", INVALID_REFRESH)
+        if user.disabled:
+            return await self._refused(claims, context, "user disabled", USER_DISABLED)
+        now = self._clock.now()
+        new_jti = self._tokens.new_jti()
+        # The new refresh token keeps the old one's expiry: a session never outlives
+        # refresh_ttl from login.
+        remaining = timedelta(seconds=claims.exp - int(now.timestamp()))
+        if remaining <= timedelta(0):  # only inside a codec's leeway
+            return await self._refused(claims, context, "session expired", INVALID_REFRESH)
+        tokens = self._tokens.sign(user.id, claims.sid, new_jti, now, remaining)
+        rotated = await self._sessions.rotate_refresh(
+            claims.sid, hash_token(claims.jti), hash_token(new_jti)
+        )
+        if not rotated:
+            # Another request rotated this token first: it was presented twice.
+            return await self._reuse_detected(claims, context)
+        await self._audit.record(
+            AuditAction.TOKEN_REFRESH, context, user.id, True, session_id=claims.sid
+        )
+        return tokens
+
+    async def _refused(
+        self, claims: TokenClaims, context: RequestContext, reason: str, refusal: Rejected
+    ) -> Rejected:
+        """``refusal``, after auditing the failed refresh of the token's session."""
+        await self._audit.record(
+            AuditAction.TOKEN_REFRESH, context, claims.sub, False, reason, session_id=claims.sid
+        )
+        return refusal
+
+    async def _reuse_detected(self, claims: TokenClaims, context: RequestContext) -> Rejected:
+        await self._sessions.deactivate(claims.sid, self._clock.now())
+        await self._audit.record(
+            AuditAction.REFRESH_TOKEN_REUSE,
+            context,
+            claims.sub,
+            False,
+            "refresh token reused; session revoked",
+            session_id=claims.sid,
+        )
+        return INVALID_REFRESH
+
+    async def logout(self, principal: Principal, context: RequestContext) -> None:
+        """``POST /auth/logout``: the principal's session becomes inactive at once (its access
+        and refresh tokens stop working). An API-key principal has no session to end; that is
+        audited as a failed logout. May raise StoreUnavailable."""
+        if principal.session is None:
+            await self._audit.record(
+                AuditAction.LOGOUT, context, principal.user_id, False, "no browser session"
+            )
+            return
+        await self._sessions.deactivate(principal.session.id, self._clock.now())
+        await self._audit.record(
+            AuditAction.LOGOUT, context, principal.user_id, True, session_id=principal.session.id
+        )
+
+    async def revoke_all_sessions(self, user_id: str, context: RequestContext) -> int:
+        """The administrative action: every active session of the user ends at once; the
+        number revoked. May raise StoreUnavailable."""
+        revoked = await self._sessions.deactivate_all(user_id, self._clock.now())
+        await self._audit.record(
+            AuditAction.SESSION_REVOKED,
+            context,
+            user_id,
+            True,
+            metadata={"sessions_revoked": revoked},
+        )
+        return revoked
