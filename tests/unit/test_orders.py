@@ -80,7 +80,7 @@ def test_limits_of_the_order_flows() -> None:
     assert settings.order_wait_s == 30.0  # response wait, then 202
     assert settings.worker_start_timeout_s == 60.0  # worker start timeout, then 503
     assert settings.rate_limit_per_minute == 60 and settings.rate_window_s == 60.0
-    assert settings.webhook_wait_s < 3.0  # TradingView gives a webhook 3 s (contract.md)
+    assert settings.webhook_wait_s < 3.0  # TradingView gives a webhook 3 s (docs/configuration.md)
     assert settings.plan_caps.render() == "free=100,pro=1000"
     assert DEFAULT_IDLE_TIMEOUT_S == 12 * 3600
     assert BROKER_RECONNECT_RETRIES == 3

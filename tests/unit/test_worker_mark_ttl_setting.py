@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tradecore.services.worker_host import HostSettings
-from tradecore_entrypoints.container import ConfigError, Settings
+from tradecore_entrypoints.settings import ConfigError, Settings
 
 
 def test_the_lease_lives_30_s_by_default() -> None:

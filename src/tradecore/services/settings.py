@@ -1,4 +1,4 @@
-"""Tunable numbers of the order flows (their environment names are in contract.md)."""
+"""Tunable numbers of the order flows (their environment names are in docs/configuration.md)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ CREATE TABLE order_history (
     error jsonb  -- {"code", "message", "retry_after"}
 );
 -- backs the replay store: a replayed webhook never becomes a second order, even after Redis
--- lost its key (security.md). A transition that sets fingerprint NULL frees it.
+-- lost its key (docs/security.md). A transition that sets fingerprint NULL frees it.
 CREATE UNIQUE INDEX order_history_fingerprint ON order_history (user_id, fingerprint)
     WHERE fingerprint IS NOT NULL;
 CREATE INDEX order_history_by_user ON order_history (user_id, created_at DESC, id DESC);
