@@ -31,8 +31,9 @@ from webhook_load import Account, percentiles
 
 from tradecore.audit import RequestContext
 from tradecore.services.outcomes import Accepted
-from tradecore_entrypoints.container import Settings, build_container, embedded_system, make_app
+from tradecore_entrypoints.container import build_container, make_app
 from tradecore_entrypoints.loop import run_fast, settle_heap
+from tradecore_entrypoints.settings import Settings
 
 CONTEXT = RequestContext(
     ip_address="127.0.0.1",
@@ -120,7 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await runner.setup()  # the cleanup context starts the worker host and the fill verifier
     try:
         document = await seed(container, args.users, 0)
-        system = embedded_system(container)
+        system = container.services.system()
         senders = [Sender(system, account) for account in document["accounts"]]
         await asyncio.gather(*(sender.send() for sender in senders))  # every worker started
         settle_heap()

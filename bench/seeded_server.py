@@ -41,15 +41,9 @@ from aiohttp import web
 
 from tradecore.identity import Plan, User
 from tradecore_adapters.http import runner_options
-from tradecore_entrypoints.container import (
-    Application,
-    ConfigError,
-    Settings,
-    build_container,
-    embedded_system,
-    make_app,
-)
+from tradecore_entrypoints.container import Application, build_container, make_app
 from tradecore_entrypoints.loop import run_fast, settle_heap
+from tradecore_entrypoints.settings import ConfigError, Settings
 
 log = logging.getLogger("bench.seeded_server")
 
@@ -58,8 +52,8 @@ async def seed(container: Application, users: int, login_users: int) -> dict[str
     """Create the webhook users with their accounts and the login users; return the file's
     content (without base_url and pid)."""
     settings: Settings = container.core.settings()
-    system = embedded_system(container)
-    hasher = container.gateways.hasher()
+    system = container.services.system()
+    hasher = container.shared.hasher()
     shared_hash = await hasher.hash(secrets.token_urlsafe(18))
     now = system.clock.now()
     accounts: list[dict[str, str]] = []

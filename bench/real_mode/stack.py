@@ -27,12 +27,14 @@ from urllib.parse import urlsplit
 import aiohttp
 import psycopg
 import redis
+from dependency_injector import providers
 from psycopg import sql
 
 from tradecore.identity import Plan
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.postgres import migrate
-from tradecore_entrypoints.production import build_api_system
+from tradecore_entrypoints.container import build_container
+from tradecore_entrypoints.settings import Settings
 
 TRADECORE = Path(sys.executable).with_name("tradecore")
 ADMIN_URL = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -206,7 +208,9 @@ class Stack:
     async def provision(self, count: int, *, prefix: str = "u") -> list[dict[str, str]]:
         """``count`` pro users (terms accepted), each with one verified paper account; their
         webhook URLs and secrets, in creation order."""
-        system = build_api_system(self.database_url, REDIS_URL, hasher=ReusedHash(), pool_size=8)
+        container = build_container(Settings(database_url=self.database_url, redis_url=REDIS_URL))
+        container.shared.hasher.override(providers.Object(ReusedHash()))
+        system = container.services.system()
         accounts: list[dict[str, str]] = []
         async with system.running():
             gate = asyncio.Semaphore(PROVISION_CONCURRENCY)

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import signal
 import socket
 import sys
@@ -21,30 +20,25 @@ import click
 import psycopg
 from aiohttp import web
 
-from tradecore.audit import RequestContext
-from tradecore.audit_chain import GENESIS, BreakKind, ChainBreak, SealedEntry, seal
 from tradecore.errors import StoreUnavailable
-from tradecore.identity import Plan, User
-from tradecore.ports.repositories import AuditLog
-from tradecore.sessions import normalize_email
 from tradecore_adapters.http import runner_options
-from tradecore_adapters.postgres import PostgresAuditLog, migrate, open_pool
-from tradecore_entrypoints.container import (
-    Application,
-    ConfigError,
-    Settings,
-    build_container,
-    embedded_system,
-    make_app,
+from tradecore_adapters.postgres import migrate
+from tradecore_entrypoints.admin import (
+    admin_create_account,
+    admin_create_user,
+    admin_revoke_sessions,
+    seed_demo,
 )
+from tradecore_entrypoints.audit_verification import is_seal, verify_audit_database
+from tradecore_entrypoints.container import Application, build_container, make_app
 from tradecore_entrypoints.loop import run_fast, settle_heap
-from tradecore_entrypoints.production import build_worker_system
+from tradecore_entrypoints.settings import ConfigError, Settings
+from tradecore_entrypoints.system import System
 
 log = logging.getLogger("tradecore.serve")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-DEMO_EMAIL = "demo@example.com"
 EMBEDDED_ADMIN = (
     "admin commands need DATABASE_URL: the embedded runtime keeps its data inside the serving "
     "process (use `tradecore serve --demo` for a ready user and account)"
@@ -53,7 +47,6 @@ EMBEDDED_VERIFY = (
     "verify-audit needs DATABASE_URL: the embedded runtime keeps its audit log in the memory "
     "of the serving process, so there is no stored chain to verify"
 )
-VERIFY_BATCH = 1000
 
 
 def _fail(reason: str) -> NoReturn:
@@ -121,7 +114,8 @@ def _run_admin(
     """Run one admin action with the runtime's connections open; one-line failures."""
 
     async def run() -> dict[str, Any]:
-        async with embedded_system(container).running(verify_fills=False):
+        system: System = container.services.system()
+        async with system.running(workers=False):
             return await work()
 
     try:
@@ -165,24 +159,15 @@ def worker() -> None:
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Start a worker host, run until ``stop`` is set or SIGINT/SIGTERM arrives, stop."""
-    assert settings.database_url is not None and settings.redis_url is not None
-    system = build_worker_system(
-        settings.database_url,
-        settings.redis_url,
-        host_settings=settings.host_settings(),
-        conditions=settings.paper_conditions(),
-    )
+    system: System = build_container(settings).services.system()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
-    await system.start()
-    log.warning("tradecore worker host %s running", system.host.holder)
-    try:
+    async with system.running(workers=True):
+        log.warning("tradecore worker host %s running", system.host.holder)
         await stop.wait()
-    finally:
-        await system.stop()
 
 
 @admin.command("create-user")
@@ -240,7 +225,7 @@ def verify_audit(expect_head: str | None) -> None:
         _fail(str(e))
     if settings.database_url is None:
         _fail(EMBEDDED_VERIFY)
-    if expect_head is not None and not _is_seal(expect_head):
+    if expect_head is not None and not is_seal(expect_head):
         _fail("--expect-head must be a seal: 64 lowercase hexadecimal characters")
     if logging.getLogger().level >= logging.WARNING:
         # the pool warns at every failed connection attempt; the reason comes as one line
@@ -253,145 +238,6 @@ def verify_audit(expect_head: str | None) -> None:
         _fail("the audit log tables are missing: run `tradecore migrate`")
     click.echo(json.dumps(result))
     sys.exit(0 if result["ok"] else 1)
-
-
-# --- what the commands do (async, over a container, so tests drive them directly) ------------
-
-ADMIN_CONTEXT = RequestContext(
-    ip_address="127.0.0.1", user_agent="tradecore-cli", request_path="cli", request_method="CLI"
-)
-
-
-async def _user_by_email(container: Application, email: str) -> User:
-    normalized = normalize_email(email)
-    system = embedded_system(container)
-    user = None if normalized is None else await system.users.by_email(normalized)
-    if user is None:
-        raise ValueError(f"no user with e-mail {email!r}")
-    return user
-
-
-async def admin_create_user(
-    container: Application, email: str, password: str, plan: str, accept_terms: bool
-) -> dict[str, Any]:
-    """``admin create-user``: ``{"user_id"}``; ValueError (one line) on bad input."""
-    settings: Settings = container.core.settings()
-    user = await embedded_system(container).provisioning.create_user(
-        email,
-        password,
-        plan=Plan(plan),
-        terms_version=settings.terms_version if accept_terms else None,
-    )
-    return {"user_id": user.id}
-
-
-async def admin_create_account(
-    container: Application, email: str, name: str, broker: str, verified: bool
-) -> dict[str, Any]:
-    """``admin create-account``: id, webhook URL, token and secret (shown this once)."""
-    user = await _user_by_email(container, email)
-    new = await embedded_system(container).provisioning.create_account(
-        user, name, broker_name=broker, credentials_verified=verified
-    )
-    return {
-        "trading_account_id": new.account.id,
-        "webhook_url": new.webhook_url(container.core.base_url()),
-        "webhook_token": new.webhook_token,
-        "webhook_secret": new.webhook_secret,
-    }
-
-
-async def admin_revoke_sessions(container: Application, email: str) -> dict[str, Any]:
-    """``admin revoke-sessions``: the administrative revocation; ``{"sessions_revoked"}``."""
-    user = await _user_by_email(container, email)
-    revoked = await container.services.auth().revoke_all_sessions(user.id, ADMIN_CONTEXT)
-    return {"user_id": user.id, "sessions_revoked": revoked}
-
-
-def _is_seal(text: str) -> bool:
-    return len(text) == len(GENESIS) and all(c in "0123456789abcdef" for c in text)
-
-
-def _chain_break(previous: str, stored: SealedEntry) -> ChainBreak | None:
-    """``first_break`` for one entry that must follow the seal ``previous``."""
-    if stored.previous != previous:
-        return ChainBreak(
-            stored.id,
-            BreakKind.UNLINKED,
-            "does not follow the previous entry: an entry before it was removed or moved",
-        )
-    if seal(stored.previous, stored.entry) != stored.seal:
-        return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
-    return None
-
-
-async def verify_audit_chain(
-    audit: AuditLog, *, expect_head: str | None = None, batch: int = VERIFY_BATCH
-) -> dict[str, Any]:
-    """``admin verify-audit`` over any AuditLog: walks the chain oldest first, ``batch``
-    entries at a time. ``{"ok": true, "entries", "head"}`` (head: the newest seal, GENESIS
-    for an empty log) when every entry holds and, with ``expect_head``, the chain still holds
-    the entry sealed so; else ``{"ok": false, "entry_id", "kind", "detail"}`` for the first
-    entry that does not (kind ``altered`` or ``unlinked``; ``missing`` with entry_id None
-    when the expected entry is gone)."""
-    previous, after, count = GENESIS, 0, 0
-    seen = expect_head is None or expect_head == GENESIS
-    while entries := await audit.chain(after_id=after, limit=batch):
-        for stored in entries:
-            broken = _chain_break(previous, stored)
-            if broken is not None:
-                return {
-                    "ok": False,
-                    "entry_id": broken.entry_id,
-                    "kind": broken.kind.value,
-                    "detail": broken.detail,
-                }
-            previous, after, count = stored.seal, stored.id, count + 1
-            seen = seen or stored.seal == expect_head
-    if not seen:
-        return {
-            "ok": False,
-            "entry_id": None,
-            "kind": "missing",
-            "detail": "no entry carries the expected head: entries were removed from the end "
-            "of the chain, or the chain was sealed anew",
-        }
-    return {"ok": True, "entries": count, "head": previous}
-
-
-async def verify_audit_database(
-    database_url: str, expect_head: str | None = None, *, timeout_s: float = 5.0
-) -> dict[str, Any]:
-    """``verify_audit_chain`` over the Postgres audit log at ``database_url``. Raises
-    ``DatabaseUnavailable`` when it cannot be read within the timeouts."""
-    pool = await open_pool(
-        database_url, min_size=1, max_size=1, timeout_s=timeout_s, statement_timeout_s=60.0
-    )
-    try:
-        return await verify_audit_chain(PostgresAuditLog(pool), expect_head=expect_head)
-    finally:
-        await pool.close()
-
-
-async def seed_demo(container: Application) -> dict[str, str]:
-    """The ``--demo`` user (plan pro, terms accepted) and its verified paper account, as the
-    JSON line ``serve --demo`` prints."""
-    settings: Settings = container.core.settings()
-    system = embedded_system(container)
-    password = secrets.token_urlsafe(18)
-    user = await system.provisioning.create_user(
-        DEMO_EMAIL, password, plan=Plan.PRO, terms_version=settings.terms_version
-    )
-    new = await system.provisioning.create_account(
-        user, "Demo paper account", credentials_verified=True
-    )
-    return {
-        "email": user.email,
-        "password": password,
-        "webhook_url": new.webhook_url(container.core.base_url()),
-        "webhook_secret": new.webhook_secret,
-        "trading_account_id": new.account.id,
-    }
 
 
 async def serve_forever(

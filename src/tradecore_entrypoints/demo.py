@@ -19,12 +19,14 @@ from typing import Any
 from tradecore.audit import RequestContext
 from tradecore.identity import Plan, User
 from tradecore.orders import OrderResult, OrderStatus
+from tradecore.services.accounts.provisioning import NewAccount
 from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
-from tradecore.services.provisioning import NewAccount
 from tradecore.services.vocabulary import Rejected
-from tradecore_entrypoints.embedded import EmbeddedSystem, build_embedded
+from tradecore_entrypoints.container import build_embedded
+from tradecore_entrypoints.system import System
 
 Echo = Callable[[str], Any]
+DEMO_AUDIT_LIMIT = 10_000  # far more entries than the walk-through writes
 
 # (starting position, alert action, quantity): the specification's position table.
 REVERSAL_ROWS: tuple[tuple[int, str, int], ...] = (
@@ -62,7 +64,7 @@ def _describe(outcome: OrderOutcome) -> str:
 class Demo:
     """One run of the walk-through."""
 
-    def __init__(self, system: EmbeddedSystem, echo: Echo) -> None:
+    def __init__(self, system: System, echo: Echo) -> None:
         self.system = system
         self.echo = echo
 
@@ -97,7 +99,7 @@ class Demo:
         await self.attacks(user)
         await self.fill(user)
         await self.system.events.drain()
-        self.audit_summary()
+        await self.audit_summary()
 
     async def reversals(self, user: User) -> None:
         self.echo("1. Auto-reversal: the six rows of the specification's position table")
@@ -158,8 +160,9 @@ class Demo:
                 else f"   order history             =  {row.status}\n"
             )
 
-    def audit_summary(self) -> None:
-        counts = Counter(stored.entry.action.value for stored in self.system.audit.all())
+    async def audit_summary(self) -> None:
+        entries = await self.system.audit.chain(limit=DEMO_AUDIT_LIMIT)
+        counts = Counter(stored.entry.action.value for stored in entries)
         self.echo("4. Audit log and alerts")
         for action, count in sorted(counts.items()):
             self.echo(f"   {action:<28} {count}")

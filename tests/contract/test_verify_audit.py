@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.audit_chain import GENESIS, SealedEntry, first_break, seal
 from tradecore_adapters.postgres import Pool, PostgresAuditLog
-from tradecore_entrypoints.cli import verify_audit_chain
+from tradecore_entrypoints.audit_verification import verify_audit_chain
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 TRADECORE = Path(sys.executable).parent / "tradecore"

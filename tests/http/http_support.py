@@ -25,8 +25,8 @@ from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options
 from tradecore_entrypoints.container import Application, build_container, make_app
-from tradecore_entrypoints.embedded import EmbeddedSystem
 from tradecore_entrypoints.settings import Settings
+from tradecore_entrypoints.system import System
 
 PASSWORD = "correct horse battery staple"
 BASE_URL = "http://tradecore.test"
@@ -44,7 +44,7 @@ class Env:
 
     client: TestClient[Any, Any]
     container: Application
-    system: EmbeddedSystem
+    system: System
     clock: FakeClock
 
     async def trader(
@@ -165,7 +165,7 @@ def container_for(settings: Settings, clock: FakeClock) -> Application:
     container.core.sleeper.override(providers.Object(FakeSleeper(clock)))
     container.core.random.override(providers.Object(SeededRandom(7)))
     container.core.host_settings.override(providers.Object(HostSettings(poll_s=0.005)))
-    container.gateways.hasher.override(providers.Object(fast_hasher()))
+    container.shared.hasher.override(providers.Object(fast_hasher()))
     return container
 
 
@@ -181,7 +181,7 @@ async def running(settings: Settings | None = None, **server: Any) -> AsyncItera
     client: TestClient[Any, Any] = TestClient(test_server, cookie_jar=DummyCookieJar())
     await client.start_server()
     try:
-        yield Env(client, container, container.gateways.system(), clock)
+        yield Env(client, container, container.services.system(), clock)
     finally:
         await client.close()
 

@@ -69,7 +69,7 @@ def seal_jwe(jwk: dict[str, str], credentials: dict[str, str]) -> str:
 def stored_plaintext(env: Env, account_id: str) -> dict[str, str]:
     account = env.system.accounts._accounts[account_id]
     assert account.encrypted_credentials is not None
-    cipher = env.container.gateways.cipher()
+    cipher = env.container.shared.cipher()
     opened: dict[str, str] = json.loads(
         cipher.decrypt(account.encrypted_credentials, account_id.encode())
     )
@@ -104,13 +104,13 @@ async def test_public_key_is_shared_by_processes_with_one_store_and_key() -> Non
     settings = Settings(encryption_key=secrets.token_urlsafe(32))
     async with running(settings) as first:
         key = await served_key(first)
-        document = await first.container.gateways.key_store().load(KEY_NAME)
+        document = await first.container.adapters.documents().load(KEY_NAME)
     assert document is not None and "PRIVATE" not in json.dumps(document)
     async with running(settings) as second:  # its store holds what the first one stored
-        await second.container.gateways.key_store().create_if_absent(KEY_NAME, document)
+        await second.container.adapters.documents().create_if_absent(KEY_NAME, document)
         assert await served_key(second) == key
     async with running(Settings(encryption_key=secrets.token_urlsafe(32))) as other:
-        await other.container.gateways.key_store().create_if_absent(KEY_NAME, document)
+        await other.container.adapters.documents().create_if_absent(KEY_NAME, document)
         response = await other.client.get("/auth/public-key")
         assert response.status == 503  # another ENCRYPTION_KEY cannot open the stored key
         assert response.content_type == "application/problem+json"

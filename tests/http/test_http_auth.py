@@ -13,7 +13,7 @@ from http_support import PASSWORD, Env, cookies_of, login, running
 from tradecore.audit import AuditAction
 from tradecore.identity import Plan
 from tradecore.testing.clock import FakeClock
-from tradecore_entrypoints.cli import admin_revoke_sessions
+from tradecore_entrypoints.admin import admin_revoke_sessions
 from tradecore_entrypoints.settings import Settings
 
 
@@ -107,11 +107,11 @@ async def test_captcha_is_verified_when_enabled() -> None:
     captcha = Refusing()
     settings = Settings(captcha_enabled=True, turnstile_secret="s")
     container = container_for(settings, FakeClock())
-    container.gateways.captcha.override(providers.Object(captcha))
+    container.shared.captcha.override(providers.Object(captcha))
     server = TestServer(make_app(container))
     await server.start_server(**runner_options())
     async with TestClient(server) as client:
-        system = container.gateways.system()
+        system = container.services.system()
         await system.provisioning.create_user("ada@example.com", PASSWORD, plan=Plan.PRO)
         creds = {"email": "ada@example.com", "password": PASSWORD}
         assert (await client.post("/auth/login", json=creds)).status == 400

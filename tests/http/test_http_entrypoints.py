@@ -15,13 +15,8 @@ from click.testing import CliRunner
 from dependency_injector import providers
 from http_support import fast_hasher
 
-from tradecore_entrypoints.cli import (
-    admin_create_account,
-    admin_create_user,
-    main,
-    seed_demo,
-    serve_forever,
-)
+from tradecore_entrypoints.admin import admin_create_account, admin_create_user, seed_demo
+from tradecore_entrypoints.cli import main, serve_forever
 from tradecore_entrypoints.container import build_container
 from tradecore_entrypoints.settings import ConfigError, Settings
 
@@ -141,9 +136,9 @@ def test_cli_admin_is_refused_in_the_embedded_runtime() -> None:
 
 async def test_admin_operations_over_the_container() -> None:
     container = build_container(Settings(), base_url="https://hooks.example.com")
-    container.gateways.hasher.override(providers.Object(fast_hasher()))
+    container.shared.hasher.override(providers.Object(fast_hasher()))
     created = await admin_create_user(container, "ops@example.com", "long enough pw", "pro", True)
-    user = await container.gateways.system().users.get(created["user_id"])
+    user = await container.services.system().users.get(created["user_id"])
     assert user is not None and user.accepted_terms_version == "1"
     account = await admin_create_account(container, "ops@example.com", "Main", "paper", True)
     assert account["webhook_url"] == (
@@ -155,10 +150,10 @@ async def test_admin_operations_over_the_container() -> None:
 
 async def test_demo_seed_is_a_ready_pro_user_with_a_verified_account() -> None:
     container = build_container(Settings(), base_url="http://127.0.0.1:8080")
-    container.gateways.hasher.override(providers.Object(fast_hasher()))
+    container.shared.hasher.override(providers.Object(fast_hasher()))
     line = await seed_demo(container)
     assert set(line) == {"email", "password", "webhook_url", "webhook_secret", "trading_account_id"}
-    system = container.gateways.system()
+    system = container.services.system()
     user = await system.users.by_email(line["email"])
     assert user is not None and user.plan.value == "pro" and user.accepted_terms_version == "1"
     account = await system.accounts.get(line["trading_account_id"])

@@ -79,7 +79,7 @@ async def test_unexpected_exception_is_a_problem_500_without_details(
     from aiohttp.test_utils import TestClient, TestServer
 
     container = container_for(Settings(), FakeClock())
-    system = container.gateways.system()
+    system = container.services.system()
     container.services.http.add_kwargs(orders=providers.Object(Exploding()))
     server = TestServer(make_app(container))
     await server.start_server(**runner_options())
@@ -266,8 +266,16 @@ async def test_readiness_and_broker_outages_are_503() -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
     class Down:
+        """Stores that went down after the process opened them, and a broker that is down."""
+
+        async def open(self) -> None:
+            return None
+
         async def ready(self) -> bool:
             return False
+
+        async def close(self) -> None:
+            return None
 
         async def positions(self, account: object) -> dict[str, object]:
             raise ConnectionError("broker down")
@@ -276,14 +284,14 @@ async def test_readiness_and_broker_outages_are_503() -> None:
             return "Invalid API key"
 
     container = container_for(Settings(), FakeClock())
-    container.gateways.readiness.override(providers.Object(Down()))
-    container.gateways.brokers.override(providers.Object(Down()))
+    container.adapters.stores.override(providers.Object(Down()))
+    container.adapters.account_broker.override(providers.Object(Down()))
     server = TestServer(make_app(container))
     await server.start_server(**runner_options())
     async with TestClient(server) as client:
         assert (await client.get("/health/ready")).status == 503
         assert (await client.get("/health")).status == 200
-        system = container.gateways.system()
+        system = container.services.system()
         user = await system.provisioning.create_user("ada@example.com", "correct horse battery")
         account = await system.provisioning.create_account(user, "Main")
         token = await client.post(

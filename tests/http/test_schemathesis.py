@@ -34,7 +34,7 @@ from schemathesis.checks import (
 
 import tradecore_adapters.http
 from tradecore_adapters.http import runner_options
-from tradecore_entrypoints.cli import seed_demo
+from tradecore_entrypoints.admin import seed_demo
 from tradecore_entrypoints.container import build_container, make_app
 from tradecore_entrypoints.settings import Settings
 
@@ -81,7 +81,7 @@ class Server:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         container = build_container(Settings(), base_url=self.base_url)
-        container.gateways.hasher.override(providers.Object(fast_hasher()))
+        container.shared.hasher.override(providers.Object(fast_hasher()))
         self.demo = await seed_demo(container)
         runner = web.AppRunner(make_app(container), **runner_options())
         await runner.setup()

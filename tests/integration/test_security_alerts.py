@@ -50,14 +50,9 @@ from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options
 from tradecore_adapters.mail.smtp import SmtpMailer, SmtpSettings
 from tradecore_entrypoints.cli import main
-from tradecore_entrypoints.container import (
-    Application,
-    build_container,
-    make_app,
-    make_mailer,
-)
-from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.container import Application, build_container, make_app
 from tradecore_entrypoints.settings import ConfigError, Settings
+from tradecore_entrypoints.system import System
 
 PASSWORD = "correct horse battery staple"
 MAIL_FROM = "alerts@tradecore.test"
@@ -158,7 +153,7 @@ class Trader:
 class Env:
     client: TestClient[Any, Any]
     container: Application
-    system: EmbeddedSystem
+    system: System
     clock: FakeClock
 
     async def trader(self, email_address: str, account_name: str = "Main") -> Trader:
@@ -201,15 +196,15 @@ async def serving(settings: Settings, *, mailer: Any = None) -> AsyncIterator[En
     container.core.random.override(providers.Object(SeededRandom(11)))
     container.core.host_settings.override(providers.Object(HostSettings(poll_s=0.005)))
     cheap = argon2.PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
-    container.gateways.hasher.override(providers.Object(Argon2PasswordHasher(hasher=cheap)))
+    container.shared.hasher.override(providers.Object(Argon2PasswordHasher(hasher=cheap)))
     if mailer is not None:
-        container.gateways.mailer.override(providers.Object(mailer))
+        container.shared.mailer.override(providers.Object(mailer))
     server = TestServer(make_app(container))
     await server.start_server(**runner_options())
     client: TestClient[Any, Any] = TestClient(server, cookie_jar=DummyCookieJar())
     await client.start_server()
     try:
-        yield Env(client, container, container.gateways.system(), clock)
+        yield Env(client, container, container.services.system(), clock)
     finally:
         await client.close()
 
@@ -611,8 +606,9 @@ def test_smtp_url_selects_the_smtp_mailer_and_bad_settings_are_one_line() -> Non
     settings = Settings.from_env(
         {"SMTP_URL": "smtp://mail.example.com:2525", "MAIL_FROM": MAIL_FROM}
     )
-    assert isinstance(make_mailer(settings), SmtpMailer)
-    assert make_mailer(Settings.from_env({})) is None  # the logging outbox
+    assert isinstance(build_container(settings).shared.mailer(), SmtpMailer)
+    embedded = build_container(Settings.from_env({}))
+    assert embedded.shared.mailer() is embedded.shared.outbox()  # the logging outbox
     for env, reason in (
         ({"SMTP_URL": "http://mail.example.com", "MAIL_FROM": MAIL_FROM}, "smtp:// or smtps://"),
         ({"SMTP_URL": "smtp://mail.example.com:port", "MAIL_FROM": MAIL_FROM}, "invalid port"),

@@ -10,7 +10,8 @@ from support import Trader, fast_hasher, make_trader
 from tradecore.services.settings import OrderSettings
 from tradecore.services.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
-from tradecore_entrypoints.embedded import EmbeddedSystem, build_embedded
+from tradecore_entrypoints.container import build_embedded
+from tradecore_entrypoints.system import System
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def settings() -> OrderSettings:
 
 
 @pytest.fixture
-def embedded(clock: FakeClock, settings: OrderSettings) -> EmbeddedSystem:
+def embedded(clock: FakeClock, settings: OrderSettings) -> System:
     return build_embedded(
         clock=clock,
         sleeper=FakeSleeper(clock),
@@ -36,11 +37,11 @@ def embedded(clock: FakeClock, settings: OrderSettings) -> EmbeddedSystem:
 
 
 @pytest.fixture
-async def system(embedded: EmbeddedSystem) -> AsyncIterator[EmbeddedSystem]:
+async def system(embedded: System) -> AsyncIterator[System]:
     async with embedded.running(verify_fills=False):
         yield embedded
 
 
 @pytest.fixture
-async def trader(system: EmbeddedSystem) -> Trader:
+async def trader(system: System) -> Trader:
     return await make_trader(system)

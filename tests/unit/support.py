@@ -23,7 +23,7 @@ from tradecore.orders import (
 )
 from tradecore.services.accounts.provisioning import NewAccount
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
-from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.system import System
 
 ATTACKER_IP = "198.51.100.66"
 USER_IP = "203.0.113.7"
@@ -61,7 +61,7 @@ def webhook_body(
 class Trader:
     """A provisioned user with one verified paper account."""
 
-    system: EmbeddedSystem
+    system: System
     user: User
     account: NewAccount
 
@@ -97,7 +97,7 @@ def fast_hasher() -> Argon2PasswordHasher:
 
 
 async def make_trader(
-    system: EmbeddedSystem,
+    system: System,
     email: str = "ada@example.com",
     *,
     plan: Plan = Plan.PRO,

@@ -18,7 +18,7 @@ from tradecore.services.outcomes import Accepted
 from tradecore.services.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
-from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.system import System
 
 
 def last_entry(trader: Trader):  # type: ignore[no-untyped-def]
@@ -41,7 +41,7 @@ async def test_valid_alert_executes_and_is_recorded(trader: Trader) -> None:
     assert entry.resource_id == result.order_id
 
 
-async def test_unknown_token_is_404_and_audited_without_user(system: EmbeddedSystem) -> None:
+async def test_unknown_token_is_404_and_audited_without_user(system: System) -> None:
     outcome = await system.webhooks.handle(
         "no-such-token", webhook_body("s", system.clock.now()), simulation=False, context=context()
     )
@@ -170,7 +170,7 @@ async def test_wrong_secret_spends_no_rate_limit_slot(trader: Trader) -> None:
     assert isinstance(await trader.send(trader.body()), Accepted)
 
 
-async def test_free_plan_real_order_is_403_but_simulation_passes(system: EmbeddedSystem) -> None:
+async def test_free_plan_real_order_is_403_but_simulation_passes(system: System) -> None:
     trader = await make_trader(system, plan=Plan.FREE)
 
     real = await trader.send(trader.body())
@@ -194,7 +194,7 @@ async def test_daily_cap_is_429(trader: Trader, clock: FakeClock) -> None:
     assert outcome.code == "daily_cap_reached"
 
 
-async def test_unverified_credentials_is_400_on_the_webhook(system: EmbeddedSystem) -> None:
+async def test_unverified_credentials_is_400_on_the_webhook(system: System) -> None:
     trader = await make_trader(system, verified=False)
 
     outcome = await trader.send(trader.body())
@@ -203,7 +203,7 @@ async def test_unverified_credentials_is_400_on_the_webhook(system: EmbeddedSyst
     assert outcome.code == "credentials_unverified"
 
 
-async def test_terms_not_accepted_is_403(system: EmbeddedSystem) -> None:
+async def test_terms_not_accepted_is_403(system: System) -> None:
     trader = await make_trader(system, terms=None)
 
     outcome = await trader.send(trader.body())

@@ -27,7 +27,7 @@ from tradecore_adapters.memory.protection import (
     MemoryReplayStore,
     MemoryWebhookAdmission,
 )
-from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.system import System
 
 ONE_A_MINUTE = OrderSettings(rate_limit_per_minute=1)
 THREE_A_MINUTE = OrderSettings(rate_limit_per_minute=3)
@@ -107,19 +107,19 @@ async def test_a_rate_limited_request_stores_no_replay_key(
     assert trader.audit_actions() == [AuditAction.WEBHOOK_ORDER] * 4  # one entry each
 
 
-def free(system: EmbeddedSystem) -> Any:
+def free(system: System) -> Any:
     return make_trader(system, plan=Plan.FREE)
 
 
-def unverified(system: EmbeddedSystem) -> Any:
+def unverified(system: System) -> Any:
     return make_trader(system, verified=False)
 
 
-def without_terms(system: EmbeddedSystem) -> Any:
+def without_terms(system: System) -> Any:
     return make_trader(system, terms=None)
 
 
-async def capped(system: EmbeddedSystem) -> Trader:
+async def capped(system: System) -> Trader:
     """A trader who placed today's two orders (the cap below) on the dashboard."""
     trader = await make_trader(system)
     clock = system.clock
@@ -134,7 +134,7 @@ async def capped(system: EmbeddedSystem) -> Trader:
     return trader
 
 
-async def symbol_limited(system: EmbeddedSystem) -> Trader:
+async def symbol_limited(system: System) -> Trader:
     trader = await make_trader(system)
     account = trader.account.account
     limited = attrs.evolve(account, allowed_symbols=frozenset({"ES"}))
@@ -154,7 +154,7 @@ async def symbol_limited(system: EmbeddedSystem) -> Trader:
     ids=["plan", "cap", "credentials", "terms", "symbol"],
 )
 async def test_the_rate_limit_decides_before_the_later_checks(
-    system: EmbeddedSystem, provision: Any, later_check: str
+    system: System, provision: Any, later_check: str
 ) -> None:
     trader = await provision(system)
     first = trader.body(quantity=1)

@@ -20,7 +20,7 @@ from tradecore.services.worker import UserWorker
 from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
-from tradecore_entrypoints.embedded import EmbeddedSystem
+from tradecore_entrypoints.system import System
 
 
 class Crash(Exception):
@@ -45,14 +45,14 @@ class CrashAfterPlacing:
         return broker
 
 
-def factory(system: EmbeddedSystem) -> PaperBrokerFactory:
+def factory(system: System) -> PaperBrokerFactory:
     return PaperBrokerFactory(system.exchange, system.simulation_exchange, system.clock)
 
 
 FOREIGN_HOLDER = "host-elsewhere:1:x"
 
 
-async def queued_order(system: EmbeddedSystem, trader: Trader) -> tuple[Queued, int]:
+async def queued_order(system: System, trader: Trader) -> tuple[Queued, int]:
     """An order whose user's lease another host holds without serving: it stays in the list.
     Returns it with that lease's token; releasing the lease lets this system's host serve."""
     token = await system.directory.acquire(trader.user.id, FOREIGN_HOLDER, 3600)
@@ -64,7 +64,7 @@ async def queued_order(system: EmbeddedSystem, trader: Trader) -> tuple[Queued, 
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
 async def test_slow_worker_gives_202_and_the_order_still_executes_once(
-    embedded: EmbeddedSystem,
+    embedded: System,
 ) -> None:
     trader = await make_trader(embedded)
     queued, foreign = await queued_order(embedded, trader)
@@ -83,7 +83,7 @@ async def test_slow_worker_gives_202_and_the_order_still_executes_once(
 
 @pytest.mark.parametrize("settings", [OrderSettings(worker_start_timeout_s=0.02)])
 async def test_worker_that_never_starts_gives_503_and_the_resend_goes_through(
-    embedded: EmbeddedSystem,
+    embedded: System,
 ) -> None:
     trader = await make_trader(embedded)
     body = trader.body()
@@ -101,7 +101,7 @@ async def test_worker_that_never_starts_gives_503_and_the_resend_goes_through(
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
 async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
-    embedded: EmbeddedSystem, clock: FakeClock
+    embedded: System, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
     account_id = trader.account.account.id
@@ -140,7 +140,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01, max_queue_age_s=60)])
 async def test_order_that_waited_past_its_age_expires_instead_of_executing_late(
-    embedded: EmbeddedSystem, clock: FakeClock
+    embedded: System, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
     queued, foreign = await queued_order(embedded, trader)
@@ -260,7 +260,7 @@ class RecordingWorker(UserWorker):
         executed: list[str],
         gate: asyncio.Event,
         user_id: str,
-        system: EmbeddedSystem,
+        system: System,
         brokers: PaperBrokerFactory,
     ) -> None:
         super().__init__(
@@ -277,7 +277,7 @@ class RecordingWorker(UserWorker):
 
 
 def extra_host(
-    system: EmbeddedSystem,
+    system: System,
     holder: str,
     executed: list[str],
     gate: asyncio.Event | None = None,
@@ -313,7 +313,7 @@ async def settled(condition: Callable[[], bool]) -> bool:
 
 
 async def test_two_hosts_told_to_serve_one_user_exactly_one_serves_then_the_other(
-    embedded: EmbeddedSystem,
+    embedded: System,
 ) -> None:
     trader = await make_trader(embedded)
     user = trader.user.id
@@ -353,7 +353,7 @@ async def test_two_hosts_told_to_serve_one_user_exactly_one_serves_then_the_othe
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
 async def test_a_host_leaves_a_user_whose_lease_another_holder_has(
-    embedded: EmbeddedSystem,
+    embedded: System,
 ) -> None:
     trader = await make_trader(embedded)
     user = trader.user.id
@@ -397,7 +397,7 @@ async def test_a_host_that_loses_its_lease_stops_taking_requests(
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
 async def test_a_lease_lost_mid_order_finishes_that_order_and_starts_no_other(
-    embedded: EmbeddedSystem, clock: FakeClock
+    embedded: System, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
     user = trader.user.id
@@ -429,7 +429,7 @@ async def test_a_lease_lost_mid_order_finishes_that_order_and_starts_no_other(
 
 
 async def test_an_idle_worker_retires_its_lease_and_the_next_order_takes_a_new_one(
-    embedded: EmbeddedSystem, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    embedded: System, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     trader = await make_trader(embedded)
     user = trader.user.id
@@ -454,7 +454,7 @@ async def test_an_idle_worker_retires_its_lease_and_the_next_order_takes_a_new_o
 
 
 async def test_an_idle_worker_whose_lease_vanished_stops_without_retiring_the_new_one(
-    embedded: EmbeddedSystem, clock: FakeClock
+    embedded: System, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
     user = trader.user.id
@@ -482,7 +482,7 @@ async def _tick() -> None:
 
 @pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.01)])
 async def test_orders_of_a_dead_host_are_picked_up_without_waiting_for_a_new_order(
-    embedded: EmbeddedSystem, clock: FakeClock
+    embedded: System, clock: FakeClock
 ) -> None:
     trader = await make_trader(embedded)
     assert await embedded.directory.acquire(trader.user.id, FOREIGN_HOLDER, 30) is not None

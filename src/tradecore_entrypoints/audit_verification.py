@@ -1,0 +1,84 @@
+"""``tradecore admin verify-audit``: walk the sealed audit chain and name the first entry that
+does not hold (see docs/security.md, "Verifying the audit chain")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tradecore.audit_chain import GENESIS, BreakKind, ChainBreak, SealedEntry, seal
+from tradecore.ports.repositories import AuditLog
+from tradecore_adapters.postgres import PostgresAuditLog, open_pool
+
+VERIFY_BATCH = 1000
+VERIFY_STATEMENT_TIMEOUT_S = 60.0
+
+
+def is_seal(text: str) -> bool:
+    """Whether ``text`` has the form of a seal: 64 lowercase hexadecimal characters."""
+    return len(text) == len(GENESIS) and all(c in "0123456789abcdef" for c in text)
+
+
+def _chain_break(previous: str, stored: SealedEntry) -> ChainBreak | None:
+    """``first_break`` for one entry that must follow the seal ``previous``."""
+    if stored.previous != previous:
+        return ChainBreak(
+            stored.id,
+            BreakKind.UNLINKED,
+            "does not follow the previous entry: an entry before it was removed or moved",
+        )
+    if seal(stored.previous, stored.entry) != stored.seal:
+        return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
+    return None
+
+
+async def verify_audit_chain(
+    audit: AuditLog, *, expect_head: str | None = None, batch: int = VERIFY_BATCH
+) -> dict[str, Any]:
+    """Walk the chain of any AuditLog oldest first, ``batch`` entries at a time.
+    ``{"ok": true, "entries", "head"}`` (head: the newest seal, GENESIS for an empty log)
+    when every entry holds and, with ``expect_head``, the chain still holds the entry sealed
+    so; else ``{"ok": false, "entry_id", "kind", "detail"}`` for the first entry that does
+    not (kind ``altered`` or ``unlinked``; ``missing`` with entry_id None when the expected
+    entry is gone)."""
+    previous, after, count = GENESIS, 0, 0
+    seen = expect_head is None or expect_head == GENESIS
+    while entries := await audit.chain(after_id=after, limit=batch):
+        for stored in entries:
+            broken = _chain_break(previous, stored)
+            if broken is not None:
+                return {
+                    "ok": False,
+                    "entry_id": broken.entry_id,
+                    "kind": broken.kind.value,
+                    "detail": broken.detail,
+                }
+            previous, after, count = stored.seal, stored.id, count + 1
+            seen = seen or stored.seal == expect_head
+    if not seen:
+        return {
+            "ok": False,
+            "entry_id": None,
+            "kind": "missing",
+            "detail": "no entry carries the expected head: entries were removed from the end "
+            "of the chain, or the chain was sealed anew",
+        }
+    return {"ok": True, "entries": count, "head": previous}
+
+
+async def verify_audit_database(
+    database_url: str, expect_head: str | None = None, *, timeout_s: float = 5.0
+) -> dict[str, Any]:
+    """``verify_audit_chain`` over the Postgres audit log at ``database_url``, on a pool of
+    its own (one connection, a long statement timeout; no Redis needed). Raises
+    ``DatabaseUnavailable`` when it cannot be read within the timeouts."""
+    pool = await open_pool(
+        database_url,
+        min_size=1,
+        max_size=1,
+        timeout_s=timeout_s,
+        statement_timeout_s=VERIFY_STATEMENT_TIMEOUT_S,
+    )
+    try:
+        return await verify_audit_chain(PostgresAuditLog(pool), expect_head=expect_head)
+    finally:
+        await pool.close()

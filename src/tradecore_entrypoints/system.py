@@ -1,0 +1,151 @@
+"""A running tradecore process: the parts the container built, started and stopped together.
+
+``System`` is what every entry point runs: ``tradecore serve`` (with the workers in process
+in the embedded runtime, without them over Postgres and Redis), ``tradecore worker`` (the
+worker host and the fill verifier), the admin commands (the stores only), the demo, the
+benchmarks and the tests. Its attribute names are the same in both adapter sets, so a test
+or a script reaches ``system.webhooks`` or ``system.orders`` whatever the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from tradecore.ports.identity import Mailer
+from tradecore.ports.messaging import FillTaskQueue, OrderQueue, WorkerDirectory
+from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
+from tradecore.ports.repositories import (
+    AllowedIpRepository,
+    ApiKeyRepository,
+    AuditLog,
+    OrderHistory,
+    SessionRepository,
+    TradingAccountRepository,
+    UserRepository,
+)
+from tradecore.ports.runtime import Clock, RandomSource, Sleeper
+from tradecore.services.accounts.provisioning import Provisioning
+from tradecore.services.dashboard_order import DashboardOrders
+from tradecore.services.fill_verifier import FillVerifier
+from tradecore.services.security_events import SecurityEvents
+from tradecore.services.settings import OrderSettings
+from tradecore.services.webhook_intake import WebhookIntake
+from tradecore.services.worker_host import WorkerHost
+from tradecore_adapters.brokers.paper import PaperExchange
+from tradecore_adapters.mail.outbox import LoggingOutbox
+
+log = logging.getLogger(__name__)
+
+FILL_RETRY_S = 0.5
+"""The pause after a fill-verification round that failed (a store outage) before the next."""
+
+
+@runtime_checkable
+class Stores(Protocol):
+    """The lifecycle of an adapter set's connections."""
+
+    async def open(self) -> None:
+        """Connect; raises ``StoreUnavailable`` when a store cannot be reached."""
+
+    async def ready(self) -> bool:
+        """Whether every store answers now."""
+        ...
+
+    async def close(self) -> None:
+        """Release every connection; the set is not used again."""
+
+
+@attrs.define
+class System:
+    """The parts of one process, by name, typed by their ports (tests of the memory set also
+    reach the memory adapters' own helpers, such as ``audit.all()``)."""
+
+    clock: Clock
+    sleeper: Sleeper
+    random: RandomSource
+    settings: OrderSettings
+    stores: Stores
+    users: UserRepository
+    sessions: SessionRepository
+    api_keys: ApiKeyRepository
+    allowed_ips: AllowedIpRepository
+    accounts: TradingAccountRepository
+    orders: OrderHistory
+    audit: AuditLog
+    replay: ReplayStore
+    limiter: RateLimiter
+    admission: WebhookAdmission
+    throttle: AlertThrottle
+    outbox: LoggingOutbox
+    mailer: Mailer
+    queue: OrderQueue
+    directory: WorkerDirectory
+    fill_tasks: FillTaskQueue
+    exchange: PaperExchange
+    simulation_exchange: PaperExchange
+    events: SecurityEvents
+    provisioning: Provisioning
+    webhooks: WebhookIntake
+    dashboard: DashboardOrders
+    host: WorkerHost
+    verifier: FillVerifier
+    in_process_workers: bool
+    fill_wait_s: float
+    drains: Sequence[Callable[[], Awaitable[None]]] = ()
+    """Mail still being sent when the process stops (alerts, reset mails), awaited on stop."""
+    _workers_started: bool = False
+    _verifier_task: asyncio.Task[None] | None = None
+
+    async def start(self, *, workers: bool | None = None, verify_fills: bool = True) -> None:
+        """Open the stores; with ``workers`` (default: whether this runtime runs its workers
+        in process) start the worker host and, unless ``verify_fills`` is false (tests drive
+        ``verifier.run_once`` themselves), the fill-verifier loop."""
+        await self.stores.open()
+        if self.in_process_workers if workers is None else workers:
+            await self.host.start()
+            self._workers_started = True
+            if verify_fills:
+                self._verifier_task = asyncio.create_task(self._verify_forever(), name="fills")
+
+    async def stop(self) -> None:
+        """Stop the fill verifier and the workers, let the mail in flight go, close the
+        stores."""
+        if self._verifier_task is not None:
+            self._verifier_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._verifier_task
+            self._verifier_task = None
+        if self._workers_started:
+            await self.host.stop()
+            self._workers_started = False
+        await self.events.drain()
+        for drain in self.drains:
+            await drain()
+        await self.stores.close()
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self, *, workers: bool | None = None, verify_fills: bool = True
+    ) -> AsyncIterator[System]:
+        """``start`` on entry, ``stop`` on exit."""
+        await self.start(workers=workers, verify_fills=verify_fills)
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+    async def _verify_forever(self) -> None:
+        while True:
+            try:
+                await self.verifier.run_once(self.fill_wait_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fill verification failed; retrying")
+                await asyncio.sleep(FILL_RETRY_S)

@@ -1,0 +1,242 @@
+"""The services container: every use case of the core, built over whichever adapter set the
+runtime chose, and the running ``System`` and HTTP bundle made of them.
+
+A new service is one provider here (and a field of the HTTP bundle if a route calls it);
+it takes ports from ``adapters`` / ``shared`` and settings from ``core``, never an adapter
+class.
+"""
+
+from __future__ import annotations
+
+from dependency_injector import containers, providers
+
+from tradecore.services.accounts.account_credentials import AccountCredentials
+from tradecore.services.accounts.credential_vault import CredentialVault
+from tradecore.services.accounts.provisioning import Provisioning
+from tradecore.services.accounts.trading_accounts import TradingAccounts
+from tradecore.services.dashboard_order import DashboardOrders
+from tradecore.services.dispatch import OrderDispatcher
+from tradecore.services.fill_verifier import FillVerifier
+from tradecore.services.identity.allowed_ips import AllowedIps
+from tradecore.services.identity.api_keys import ApiKeys
+from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.bot_challenge import BotChallenge
+from tradecore.services.identity.password_reset import PasswordReset
+from tradecore.services.identity.registration import Registration
+from tradecore.services.order_checks import OrderChecks
+from tradecore.services.security_events import SecurityEvents
+from tradecore.services.webhook_intake import WebhookIntake
+from tradecore.services.worker import UserWorker
+from tradecore.services.worker_host import WorkerHost
+from tradecore_adapters.http import Services as HttpServices
+from tradecore_entrypoints.system import System
+
+
+class UseCases(containers.DeclarativeContainer):
+    """The core's services. ``core``: settings, clock, randomness; ``adapters``: an
+    ``AdapterSet``; ``shared``: ``SharedAdapters``."""
+
+    core = providers.DependenciesContainer()
+    adapters = providers.DependenciesContainer()
+    shared = providers.DependenciesContainer()
+
+    # --- security events and the audit log -----------------------------------------------
+    events = providers.Singleton(
+        SecurityEvents,
+        adapters.audit,
+        adapters.users,
+        adapters.throttle,
+        shared.mailer,
+        core.clock,
+    )
+
+    # --- identity: who the caller is, and the user's own security settings --------------
+    auth = providers.Singleton(
+        Authenticator,
+        adapters.users,
+        adapters.sessions,
+        adapters.api_keys,
+        shared.hasher,
+        shared.codec,
+        shared.captcha,
+        events,
+        core.clock,
+        core.random,
+        core.auth_settings,
+        limiter=adapters.limiter,
+    )
+    bot_challenge = providers.Singleton(
+        BotChallenge,
+        shared.captcha,
+        enabled=core.auth_settings.provided.captcha_enabled,
+        bypass_user_agents=core.auth_settings.provided.captcha_bypass_user_agents,
+    )
+    registration = providers.Singleton(
+        Registration,
+        adapters.users,
+        shared.hasher,
+        bot_challenge,
+        events,
+        core.clock,
+        core.random,
+        terms_version=core.settings.provided.terms_version,
+    )
+    password_reset = providers.Singleton(
+        PasswordReset,
+        adapters.users,
+        adapters.sessions,
+        adapters.resets,
+        shared.hasher,
+        shared.mailer,
+        events,
+        core.clock,
+        core.random,
+        core.reset_settings,
+        throttle=adapters.throttle,
+    )
+    api_keys = providers.Singleton(ApiKeys, adapters.api_keys, events, core.clock, core.random)
+    allowed_ips = providers.Singleton(
+        AllowedIps, adapters.allowed_ips, events, core.clock, core.random
+    )
+
+    # --- trading accounts: the account, its webhook secret and token, its credentials -----
+    provisioning = providers.Singleton(
+        Provisioning, adapters.users, adapters.accounts, shared.hasher, core.clock, core.random
+    )
+    credential_vault = providers.Singleton(CredentialVault, shared.cipher, shared.transport_key)
+    trading_accounts = providers.Singleton(
+        TradingAccounts,
+        adapters.accounts,
+        provisioning,
+        credential_vault,
+        adapters.instruments,
+        events,
+    )
+    account_credentials = providers.Singleton(
+        AccountCredentials,
+        adapters.accounts,
+        provisioning,
+        credential_vault,
+        adapters.account_broker,
+        events,
+    )
+
+    # --- orders: intake, checks, hand-over to the user's worker --------------------------
+    checks = providers.Singleton(
+        OrderChecks, adapters.limiter, adapters.orders, adapters.instruments, core.order_settings
+    )
+    dispatcher = providers.Singleton(
+        OrderDispatcher,
+        adapters.orders,
+        adapters.queue,
+        adapters.directory,
+        core.random,
+        core.order_settings,
+    )
+    webhooks = providers.Singleton(
+        WebhookIntake,
+        adapters.accounts,
+        adapters.admission,
+        adapters.replay,
+        checks,
+        dispatcher,
+        events,
+        core.clock,
+        core.order_settings,
+    )
+    dashboard = providers.Singleton(
+        DashboardOrders,
+        adapters.accounts,
+        adapters.allowed_ips,
+        checks,
+        dispatcher,
+        events,
+        core.clock,
+        core.order_settings,
+    )
+
+    # --- execution: per-user workers under leases, fill verification ---------------------
+    worker = providers.Factory(
+        UserWorker,
+        orders=adapters.orders,
+        brokers=adapters.brokers,
+        fill_tasks=adapters.fill_tasks,
+        clock=core.clock,
+        sleeper=core.sleeper,
+    )
+    host = providers.Singleton(
+        WorkerHost,
+        adapters.directory,
+        adapters.queue,
+        worker.provider,
+        core.clock,
+        core.sleeper,
+        core.host_settings,
+        holder=adapters.worker_holder,
+    )
+    verifier = providers.Singleton(
+        FillVerifier,
+        adapters.fill_tasks,
+        adapters.orders,
+        host.provided.check_order_status,
+        core.clock,
+    )
+
+    # --- the process --------------------------------------------------------------------
+    system = providers.Singleton(
+        System,
+        clock=core.clock,
+        sleeper=core.sleeper,
+        random=core.random,
+        settings=core.order_settings,
+        stores=adapters.stores,
+        users=adapters.users,
+        sessions=adapters.sessions,
+        api_keys=adapters.api_keys,
+        allowed_ips=adapters.allowed_ips,
+        accounts=adapters.accounts,
+        orders=adapters.orders,
+        audit=adapters.audit,
+        replay=adapters.replay,
+        limiter=adapters.limiter,
+        admission=adapters.admission,
+        throttle=adapters.throttle,
+        outbox=shared.outbox,
+        mailer=shared.mailer,
+        queue=adapters.queue,
+        directory=adapters.directory,
+        fill_tasks=adapters.fill_tasks,
+        exchange=adapters.exchange,
+        simulation_exchange=adapters.simulation_exchange,
+        events=events,
+        provisioning=provisioning,
+        webhooks=webhooks,
+        dashboard=dashboard,
+        host=host,
+        verifier=verifier,
+        in_process_workers=adapters.in_process_workers,
+        fill_wait_s=adapters.fill_wait_s,
+        drains=providers.List(password_reset.provided.drain),
+    )
+    http = providers.Singleton(
+        HttpServices,
+        auth=auth,
+        registration=registration,
+        password_reset=password_reset,
+        api_keys=api_keys,
+        allowed_ips=allowed_ips,
+        webhooks=webhooks,
+        dashboard=dashboard,
+        provisioning=provisioning,
+        events=events,
+        accounts=adapters.accounts,
+        orders=adapters.orders,
+        audit=adapters.audit,
+        instruments=adapters.instruments,
+        brokers=adapters.account_broker,
+        readiness=adapters.stores,
+        clock=core.clock,
+        trading_accounts=trading_accounts,
+        account_credentials=account_credentials,
+        transport_key=shared.transport_key,
+    )
