@@ -30,7 +30,7 @@ from seeded_server import seed
 from webhook_load import Account, percentiles
 
 from tradecore.audit import RequestContext
-from tradecore.services.outcomes import Accepted
+from tradecore.services.orders.outcomes import Accepted
 from tradecore_entrypoints.container import build_container, make_app
 from tradecore_entrypoints.loop import run_fast, settle_heap
 from tradecore_entrypoints.settings import Settings

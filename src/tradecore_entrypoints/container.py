@@ -26,8 +26,8 @@ from dependency_injector import containers, providers
 
 from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
-from tradecore.services.settings import OrderSettings
-from tradecore.services.worker_host import HostSettings
+from tradecore.services.execution.worker_host import HostSettings
+from tradecore.services.orders.settings import OrderSettings
 from tradecore_adapters.http import create_app
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
 from tradecore_entrypoints.adapter_sets import (

@@ -20,7 +20,7 @@ from tradecore.audit import RequestContext
 from tradecore.identity import Plan, User
 from tradecore.orders import OrderResult, OrderStatus
 from tradecore.services.accounts.provisioning import NewAccount
-from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
+from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Rejected
 from tradecore_entrypoints.container import build_embedded
 from tradecore_entrypoints.system import System

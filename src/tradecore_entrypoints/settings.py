@@ -19,10 +19,10 @@ import attrs
 
 from tradecore.limits import PlanCaps
 from tradecore.netaddr import IPNetwork
+from tradecore.services.execution.worker_host import DEFAULT_MARK_TTL_S, HostSettings
 from tradecore.services.identity.password_reset import ResetSettings
 from tradecore.services.identity.settings import AuthSettings
-from tradecore.services.settings import OrderSettings
-from tradecore.services.worker_host import DEFAULT_MARK_TTL_S, HostSettings
+from tradecore.services.orders.settings import OrderSettings
 from tradecore_adapters.brokers.paper import PaperConditions
 from tradecore_adapters.captcha.turnstile import SITEVERIFY_URL
 from tradecore_adapters.http import HttpConfig

@@ -31,12 +31,12 @@ from tradecore.ports.repositories import (
 )
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.accounts.provisioning import Provisioning
-from tradecore.services.dashboard_order import DashboardOrders
-from tradecore.services.fill_verifier import FillVerifier
-from tradecore.services.security_events import SecurityEvents
-from tradecore.services.settings import OrderSettings
-from tradecore.services.webhook_intake import WebhookIntake
-from tradecore.services.worker_host import WorkerHost
+from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.execution.fill_verifier import FillVerifier
+from tradecore.services.execution.worker_host import WorkerHost
+from tradecore.services.orders.dashboard_order import DashboardOrders
+from tradecore.services.orders.settings import OrderSettings
+from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.mail.outbox import LoggingOutbox
 

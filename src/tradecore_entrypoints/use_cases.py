@@ -14,20 +14,20 @@ from tradecore.services.accounts.account_credentials import AccountCredentials
 from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
-from tradecore.services.dashboard_order import DashboardOrders
-from tradecore.services.dispatch import OrderDispatcher
-from tradecore.services.fill_verifier import FillVerifier
+from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.execution.fill_verifier import FillVerifier
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import WorkerHost
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
 from tradecore.services.identity.authenticator import Authenticator
 from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
-from tradecore.services.order_checks import OrderChecks
-from tradecore.services.security_events import SecurityEvents
-from tradecore.services.webhook_intake import WebhookIntake
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import WorkerHost
+from tradecore.services.orders.dashboard_order import DashboardOrders
+from tradecore.services.orders.dispatch import OrderDispatcher
+from tradecore.services.orders.order_checks import OrderChecks
+from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.http import Services as HttpServices
 from tradecore_entrypoints.system import System
 

@@ -20,7 +20,7 @@ from dependency_injector import providers
 from tradecore.audit import AuditAction, StoredAuditEntry
 from tradecore.identity import Plan, User
 from tradecore.services.accounts.provisioning import NewAccount
-from tradecore.services.worker_host import HostSettings
+from tradecore.services.execution.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options

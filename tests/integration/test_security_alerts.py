@@ -35,7 +35,7 @@ from tradecore.attacks import ATTACK_POLICIES
 from tradecore.audit import AuditAction, AuditEntry, RequestContext, StoredAuditEntry
 from tradecore.identity import AllowedIp, Plan, User
 from tradecore.services.accounts.provisioning import NewAccount
-from tradecore.services.security_report import (
+from tradecore.services.audit.attack_report import (
     ACCOUNT_COUNT_LIMIT,
     MAX_DAYS,
     MAX_PAGE,
@@ -43,8 +43,8 @@ from tradecore.services.security_report import (
     ReportQuery,
     parse_report_query,
 )
+from tradecore.services.execution.worker_host import HostSettings
 from tradecore.services.vocabulary import Rejected
-from tradecore.services.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options

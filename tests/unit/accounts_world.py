@@ -22,7 +22,7 @@ from tradecore.services.accounts.account_credentials import AccountCredentials
 from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.provisioning import NewAccount, Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
-from tradecore.services.security_events import SecurityEvents
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.vocabulary import Principal
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.cipher import AesGcmCipher

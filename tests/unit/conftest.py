@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 from support import Trader, fast_hasher, make_trader
 
-from tradecore.services.settings import OrderSettings
-from tradecore.services.worker_host import HostSettings
+from tradecore.services.execution.worker_host import HostSettings
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
 from tradecore_entrypoints.container import build_embedded
 from tradecore_entrypoints.system import System

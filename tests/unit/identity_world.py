@@ -12,6 +12,7 @@ from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import User
 from tradecore.ports.identity import MailMessage
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
 from tradecore.services.identity.authenticator import Authenticator
@@ -20,7 +21,6 @@ from tradecore.services.identity.login import LoginResult
 from tradecore.services.identity.password_reset import PasswordReset, ResetSettings
 from tradecore.services.identity.registration import Registration
 from tradecore.services.identity.settings import AuthSettings
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.testing.clock import FakeClock, SeededRandom
 from tradecore_adapters.crypto.tokens import JwtTokenCodec

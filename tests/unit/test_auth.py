@@ -19,12 +19,12 @@ from racing import RacingUsers
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.authenticator import Authenticator
 from tradecore.services.identity.login import LoginResult
 from tradecore.services.identity.refusals import INVALID_CREDENTIALS, NOT_AUTHENTICATED
 from tradecore.services.identity.session_tokens import IssuedTokens
 from tradecore.services.identity.settings import AuthSettings
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
 from tradecore.sessions import access_claims, hash_token, new_api_key, refresh_claims
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom

@@ -24,5 +24,5 @@ def test_importing_every_core_module_loads_no_io_or_framework_library() -> None:
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
     )
     loaded = {name.split(".")[0] for name in json.loads(completed.stdout)}
-    assert "tradecore.services.webhook_intake" in json.loads(completed.stdout)
+    assert "tradecore.services.orders.webhook_intake" in json.loads(completed.stdout)
     assert loaded & FORBIDDEN == set()

@@ -22,9 +22,9 @@ from tradecore.orders import (
     OrderType,
     Source,
 )
-from tradecore.services.dispatch import Dispatched, OrderDispatcher, OrderIntent
-from tradecore.services.outcomes import Accepted, Queued
-from tradecore.services.settings import OrderSettings
+from tradecore.services.orders.dispatch import Dispatched, OrderDispatcher, OrderIntent
+from tradecore.services.orders.outcomes import Accepted, Queued
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import EPOCH, SeededRandom
 from tradecore_adapters.memory.repositories import MemoryOrderHistory

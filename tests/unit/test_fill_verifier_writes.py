@@ -18,7 +18,7 @@ from tradecore.orders import (
 )
 from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 from tradecore.ports.messaging import FillTask
-from tradecore.services.fill_verifier import FillVerifier
+from tradecore.services.execution.fill_verifier import FillVerifier
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory

@@ -10,7 +10,7 @@ from support import Trader
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.orders import OrderRequest, OrderStatus
 from tradecore.ports.protection import Admission
-from tradecore.services.outcomes import Accepted
+from tradecore.services.orders.outcomes import Accepted
 from tradecore.services.vocabulary import Rejected
 
 

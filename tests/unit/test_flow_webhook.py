@@ -14,8 +14,8 @@ from tradecore.audit import AuditAction
 from tradecore.identity import AllowedIp, Plan
 from tradecore.limits import PlanCaps
 from tradecore.orders import OrderStatus
-from tradecore.services.outcomes import Accepted
-from tradecore.services.settings import OrderSettings
+from tradecore.services.orders.outcomes import Accepted
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
 from tradecore_entrypoints.system import System

@@ -17,9 +17,9 @@ from tradecore.identity import Plan
 from tradecore.limits import PlanCaps
 from tradecore.orders import AlertAction
 from tradecore.ports.protection import Admission
-from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted
-from tradecore.services.settings import OrderSettings
+from tradecore.services.orders.dashboard_order import DashboardOrder
+from tradecore.services.orders.outcomes import Accepted
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.protection import (

@@ -17,8 +17,8 @@ from tradecore.identity import AllowedIp, Plan
 from tradecore.limits import start_of_utc_day
 from tradecore.orders import AlertAction
 from tradecore.ports.repositories import WebhookOwner
-from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted
+from tradecore.services.orders.dashboard_order import DashboardOrder
+from tradecore.services.orders.outcomes import Accepted
 from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks.checks import hash_secret
 

@@ -13,11 +13,11 @@ from support import Trader, make_trader
 
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
 from tradecore.ports.broker import Broker
-from tradecore.services.outcomes import Accepted, Queued
-from tradecore.services.settings import OrderSettings
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import HostSettings, WorkerHost
+from tradecore.services.orders.outcomes import Accepted, Queued
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
 from tradecore_entrypoints.system import System

@@ -14,9 +14,9 @@ from tradecore.orders import (
     Side,
     to_instruction,
 )
-from tradecore.services.settings import OrderSettings
-from tradecore.services.worker import BROKER_RECONNECT_RETRIES
-from tradecore.services.worker_host import DEFAULT_IDLE_TIMEOUT_S
+from tradecore.services.execution.worker import BROKER_RECONNECT_RETRIES
+from tradecore.services.execution.worker_host import DEFAULT_IDLE_TIMEOUT_S
+from tradecore.services.orders.settings import OrderSettings
 
 # Specification, "Webhook action mapping": (alert action, order_type) -> operation.
 WEBHOOK_MAPPING = [

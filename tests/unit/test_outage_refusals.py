@@ -10,8 +10,8 @@ from support import Trader, context
 
 from tradecore.errors import DatabaseUnavailable
 from tradecore.orders import AlertAction
-from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.security_report import SecurityReport
+from tradecore.services.audit.attack_report import SecurityReport
+from tradecore.services.orders.dashboard_order import DashboardOrder
 from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
 
 

@@ -25,7 +25,7 @@ from tradecore.orders import (
     Side,
 )
 from tradecore.ports.broker import Broker, BrokerOrder
-from tradecore.services.worker import FRESH_CLAIM_S, UserWorker
+from tradecore.services.execution.worker import FRESH_CLAIM_S, UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory

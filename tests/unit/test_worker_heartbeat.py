@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory

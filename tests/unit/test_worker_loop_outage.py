@@ -29,8 +29,8 @@ from tradecore.orders import (
     OrderStatus,
 )
 from tradecore.ports.messaging import FillTask
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
@@ -42,7 +42,7 @@ from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 USER, ACCOUNT = "user-1", "acct-1"
 HOST_A, HOST_B, DEAD_HOST = "host-a", "host-b", "host-dead:1:x"
 TTL_S = 30.0
-HOST_LOG = "tradecore.services.worker_host"
+HOST_LOG = "tradecore.services.execution.worker_host"
 
 
 class Outage:

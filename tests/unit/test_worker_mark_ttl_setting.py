@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tradecore.services.worker_host import HostSettings
+from tradecore.services.execution.worker_host import HostSettings
 from tradecore_entrypoints.settings import ConfigError, Settings
 
 

@@ -28,8 +28,8 @@ from tradecore.orders import (
     Side,
 )
 from tradecore.ports.broker import Broker, BrokerOrder
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
@@ -42,7 +42,7 @@ from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 USER, ACCOUNT, HOLDER = "user-1", "acct-1", "host-a"
 FOREIGN = "host-elsewhere:1:x"
 TTL_S = 30.0
-HOST_LOG = "tradecore.services.worker_host"
+HOST_LOG = "tradecore.services.execution.worker_host"
 BACKOFFS = [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
 
 

@@ -30,8 +30,8 @@ from support import queued_row, request_for
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult, OrderStatus
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_host import HostSettings, WorkerHost
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
@@ -42,7 +42,7 @@ from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 
 HOLDER, FOREIGN = "host-a", "host-elsewhere:1:x"
 TTL_S = 30.0
-HOST_LOG = "tradecore.services.worker_host"
+HOST_LOG = "tradecore.services.execution.worker_host"
 PERIOD_S = 2.0  # the backoff cap: a worker on its own would call once per period
 
 

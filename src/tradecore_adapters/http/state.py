@@ -25,14 +25,14 @@ from tradecore.ports.runtime import Clock
 from tradecore.services.accounts.account_credentials import AccountCredentials
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
-from tradecore.services.dashboard_order import DashboardOrders
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
 from tradecore.services.identity.authenticator import Authenticator
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
-from tradecore.services.security_events import SecurityEvents
-from tradecore.services.webhook_intake import WebhookIntake
+from tradecore.services.orders.dashboard_order import DashboardOrders
+from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.http.config import HttpConfig
 
 

@@ -19,7 +19,7 @@ from tradecore.accounts import TradingAccount
 from tradecore.audit import StoredAuditEntry
 from tradecore.identity import AllowedIp, ApiKey, Plan, User
 from tradecore.orders import OrderError, OrderHistoryRecord, OrderResult
-from tradecore.services.outcomes import Queued
+from tradecore.services.orders.outcomes import Queued
 from tradecore.webhooks.canonical import canonical_quantity
 
 

@@ -25,7 +25,7 @@ from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.owned_accounts import LOST_REASONS, NOT_FOUND, OwnedAccounts
 from tradecore.services.accounts.provisioning import Provisioning
-from tradecore.services.security_events import SecurityEvents
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.vocabulary import (
     BROWSER_SESSION_REQUIRED,
     Principal,

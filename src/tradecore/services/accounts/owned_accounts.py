@@ -15,7 +15,7 @@ from tradecore.account_rules import requested_id
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.ports.repositories import TradingAccountRepository
-from tradecore.services.security_events import SecurityEvents
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.vocabulary import CONFLICT, Principal, Rejected
 
 NOT_FOUND = Rejected(404, "not_found", "Trading account not found")

@@ -13,8 +13,8 @@ from tradecore.identity import AllowedIp
 from tradecore.netaddr import parse_allowed_entry
 from tradecore.ports.repositories import AllowedIpRepository
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.user_audit import UserAudit
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import (
     BROWSER_SESSION_REQUIRED,
     NOT_FOUND,

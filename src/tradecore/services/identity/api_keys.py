@@ -14,8 +14,8 @@ from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import ApiKey
 from tradecore.ports.repositories import ApiKeyRepository
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.user_audit import UserAudit
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import (
     BROWSER_SESSION_REQUIRED,
     NOT_FOUND,

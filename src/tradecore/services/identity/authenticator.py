@@ -13,6 +13,7 @@ from tradecore.ports.identity import CaptchaVerifier, PasswordHasher, TokenCodec
 from tradecore.ports.protection import RateLimiter
 from tradecore.ports.repositories import ApiKeyRepository, SessionRepository, UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.login import LoginResult, PasswordLogin
 from tradecore.services.identity.request_authentication import RequestAuthenticator
@@ -20,7 +21,6 @@ from tradecore.services.identity.session_audit import SessionAudit
 from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.identity.session_tokens import IssuedTokens, SessionTokens
 from tradecore.services.identity.settings import AuthSettings
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import Principal, Rejected
 
 

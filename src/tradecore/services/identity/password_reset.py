@@ -26,8 +26,8 @@ from tradecore.ports.protection import AlertThrottle
 from tradecore.ports.repositories import SessionRepository, UserRepository
 from tradecore.ports.resets import PasswordResetTokens
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.user_audit import UserAudit
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import Rejected, bad_request, refuses_outages
 from tradecore.sessions import hash_token, normalize_email, validate_password
 

@@ -16,9 +16,9 @@ from tradecore.identity import Plan, User
 from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.repositories import UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.user_audit import UserAudit
-from tradecore.services.security_events import SecurityEvents
 from tradecore.services.vocabulary import (
     CONFLICT,
     NOT_FOUND,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tradecore.audit import AuditAction, RequestContext
-from tradecore.services.security_events import SecurityEvents
+from tradecore.services.audit.events import SecurityEvents
 
 
 class SessionAudit:

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from tradecore.audit import AuditAction
 from tradecore.orders import OrderHistoryRecord
-from tradecore.services.dashboard_order import DashboardOrder
-from tradecore.services.outcomes import Accepted, OrderOutcome, Queued
+from tradecore.services.orders.dashboard_order import DashboardOrder
+from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks.canonical import as_utc
 from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body

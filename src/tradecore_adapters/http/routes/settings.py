@@ -2,7 +2,7 @@
 
 API keys and allowed IPs are credentials: they are managed from a browser session only (an
 API key is refused with 403 by the core). ``GET /settings/security-attacks`` renders the
-``SecurityReport`` use case (``tradecore.services.security_report``).
+``SecurityReport`` use case (``tradecore.services.audit.attack_report``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from tradecore.audit import AuditAction
-from tradecore.services.security_report import SecurityReport, SecurityReportPage
+from tradecore.services.audit.attack_report import SecurityReport, SecurityReportPage
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
 from tradecore_adapters.http.bodies import json_object
@@ -141,7 +141,7 @@ def _report_body(report: SecurityReportPage) -> dict[str, Any]:
 
 @routes.get("/settings/security-attacks")
 async def security_attacks(request: web.Request) -> web.Response:
-    """The user's attack events (``tradecore.services.security_report``): ``{counts, items,
+    """The user's attack events (``tradecore.services.audit.attack_report``): ``{counts, items,
     affected_accounts, page, page_size, total}``; 400 on a bad ``page``, ``page_size`` or
     ``days``."""
     principal = await authenticate(request)

@@ -18,7 +18,7 @@ from tradecore.orders import Source
 from tradecore.ports.broker import InstrumentDirectory
 from tradecore.ports.protection import RateDecision, RateLimiter
 from tradecore.ports.repositories import OrderHistory
-from tradecore.services.settings import OrderSettings
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks.checks import symbol_allowed
 

@@ -1,7 +1,7 @@
 """A worker host: runs the per-user workers of this process.
 
 Several hosts share the users. A host consumes start requests from worker-control and, for
-each, takes the user's lease under its own holder name (``tradecore.services.worker_leases``:
+each, takes the user's lease under its own holder name (``worker_leases``:
 the lease, the heartbeat that renews it, what a lost lease means). If another holder has the
 lease, that holder serves the user and this host lets the start request go. Otherwise one
 task of this host serves the user: it recovers the requests a crashed worker left in flight,
@@ -33,7 +33,7 @@ interrupted take the worker executes what that list holds before it takes anothe
 
 A host runs thousands of workers, and an outage reaches them all at once, so they do not
 retry each on its own: every such call goes through the host's one outage gate
-(``OutageGate``, see ``tradecore.services.outage_gate``): one worker, the prober, calls the
+(``OutageGate``, see ``outage_gate``): one worker, the prober, calls the
 store again on the backoff above (a take it probes with does not wait for a request) while the
 others wait, calling nothing, their leases checked, and resume in batches once it is back. A
 worker in the middle of an order waits the same way and completes it once, as above. The
@@ -60,14 +60,14 @@ from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult
 from tradecore.ports.broker import BrokerOrder
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.runtime import Clock, Sleeper
-from tradecore.services.outage_gate import (
+from tradecore.services.execution.outage_gate import (
     OUTAGE_BACKOFF_MAX_S,
     OUTAGE_BACKOFF_S,
     LeaseGone,
     OutageGate,
 )
-from tradecore.services.worker import UserWorker
-from tradecore.services.worker_leases import HostLeases, WorkerSlot
+from tradecore.services.execution.worker import UserWorker
+from tradecore.services.execution.worker_leases import HostLeases, WorkerSlot
 
 log = logging.getLogger(__name__)
 

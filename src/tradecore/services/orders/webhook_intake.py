@@ -39,11 +39,11 @@ from tradecore.orders import Source
 from tradecore.ports.protection import ReplayStore, WebhookAdmission
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.services.dispatch import Duplicate, OrderDispatcher, OrderIntent
-from tradecore.services.order_checks import OrderChecks
-from tradecore.services.outcomes import OrderOutcome
-from tradecore.services.security_events import SecurityEvents
-from tradecore.services.settings import OrderSettings
+from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.orders.dispatch import Duplicate, OrderDispatcher, OrderIntent
+from tradecore.services.orders.order_checks import OrderChecks
+from tradecore.services.orders.outcomes import OrderOutcome
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Rejected
 from tradecore.webhooks.checks import (
     hash_secret,

@@ -39,8 +39,8 @@ from tradecore.orders import (
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import RandomSource
-from tradecore.services.outcomes import Accepted, Queued
-from tradecore.services.settings import OrderSettings
+from tradecore.services.orders.outcomes import Accepted, Queued
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Rejected
 
 log = logging.getLogger(__name__)

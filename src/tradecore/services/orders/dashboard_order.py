@@ -20,11 +20,11 @@ from tradecore.netaddr import ip_allowed
 from tradecore.orders import AlertAction, OrderType, Source
 from tradecore.ports.repositories import AllowedIpRepository, TradingAccountRepository
 from tradecore.ports.runtime import Clock
-from tradecore.services.dispatch import OrderDispatcher, OrderIntent
-from tradecore.services.order_checks import OrderChecks
-from tradecore.services.outcomes import OrderOutcome
-from tradecore.services.security_events import SecurityEvents
-from tradecore.services.settings import OrderSettings
+from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.orders.dispatch import OrderDispatcher, OrderIntent
+from tradecore.services.orders.order_checks import OrderChecks
+from tradecore.services.orders.outcomes import OrderOutcome
+from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected, refuses_outages
 
 

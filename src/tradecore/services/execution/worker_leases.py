@@ -35,7 +35,7 @@ import attrs
 
 from tradecore.ports.messaging import WorkerDirectory
 from tradecore.ports.runtime import Clock
-from tradecore.services.worker import UserWorker
+from tradecore.services.execution.worker import UserWorker
 
 
 @attrs.define

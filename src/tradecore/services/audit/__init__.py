@@ -1,0 +1,1 @@
+"""Audit: the security events every flow records (with their alerts), and the attack report."""

@@ -1,0 +1,1 @@
+"""Execution: per-user workers under leases in worker hosts, and fill verification."""
