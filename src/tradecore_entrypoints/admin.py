@@ -65,7 +65,8 @@ async def admin_create_account(
 async def admin_revoke_sessions(container: Application, email: str) -> dict[str, Any]:
     """``admin revoke-sessions``: the administrative revocation; ``{"sessions_revoked"}``."""
     user = await _user_by_email(container, email)
-    revoked = await container.services.auth().revoke_all_sessions(user.id, ADMIN_CONTEXT)
+    lifetime = container.services.session_lifetime()
+    revoked = await lifetime.revoke_all_sessions(user.id, ADMIN_CONTEXT)
     return {"user_id": user.id, "sessions_revoked": revoked}
 
 

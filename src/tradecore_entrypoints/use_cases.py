@@ -20,10 +20,14 @@ from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import WorkerHost
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
-from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
+from tradecore.services.identity.login import PasswordLogin
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
+from tradecore.services.identity.request_authentication import RequestAuthenticator
+from tradecore.services.identity.session_lifetime import SessionLifetime
+from tradecore.services.identity.session_tokens import SessionTokens
 from tradecore.services.orders.dashboard_order import DashboardOrders
 from tradecore.services.orders.dispatch import OrderDispatcher
 from tradecore.services.orders.order_checks import OrderChecks
@@ -51,32 +55,51 @@ class UseCases(containers.DeclarativeContainer):
     )
 
     # --- identity: who the caller is, and the user's own security settings --------------
-    auth = providers.Singleton(
-        Authenticator,
-        adapters.users,
-        adapters.sessions,
-        adapters.api_keys,
-        shared.hasher,
-        shared.codec,
-        shared.captcha,
-        events,
-        core.clock,
-        core.random,
-        core.auth_settings,
-        limiter=adapters.limiter,
-    )
+    identity_audit = providers.Singleton(IdentityAudit, events)
     bot_challenge = providers.Singleton(
         BotChallenge,
         shared.captcha,
         enabled=core.auth_settings.provided.captcha_enabled,
         bypass_user_agents=core.auth_settings.provided.captcha_bypass_user_agents,
     )
+    session_tokens = providers.Singleton(
+        SessionTokens, shared.codec, core.random, core.auth_settings
+    )
+    password_login = providers.Singleton(
+        PasswordLogin,
+        adapters.users,
+        adapters.sessions,
+        shared.hasher,
+        bot_challenge,
+        session_tokens,
+        identity_audit,
+        core.clock,
+        core.random,
+        core.auth_settings,
+        limiter=adapters.limiter,
+    )
+    session_lifetime = providers.Singleton(
+        SessionLifetime,
+        adapters.users,
+        adapters.sessions,
+        session_tokens,
+        identity_audit,
+        core.clock,
+    )
+    authentication = providers.Singleton(
+        RequestAuthenticator,
+        adapters.users,
+        adapters.sessions,
+        adapters.api_keys,
+        session_tokens,
+        core.clock,
+    )
     registration = providers.Singleton(
         Registration,
         adapters.users,
         shared.hasher,
         bot_challenge,
-        events,
+        identity_audit,
         core.clock,
         core.random,
         terms_version=core.settings.provided.terms_version,
@@ -88,15 +111,17 @@ class UseCases(containers.DeclarativeContainer):
         adapters.resets,
         shared.hasher,
         shared.mailer,
-        events,
+        identity_audit,
         core.clock,
         core.random,
         core.reset_settings,
         throttle=adapters.throttle,
     )
-    api_keys = providers.Singleton(ApiKeys, adapters.api_keys, events, core.clock, core.random)
+    api_keys = providers.Singleton(
+        ApiKeys, adapters.api_keys, identity_audit, core.clock, core.random
+    )
     allowed_ips = providers.Singleton(
-        AllowedIps, adapters.allowed_ips, events, core.clock, core.random
+        AllowedIps, adapters.allowed_ips, identity_audit, core.clock, core.random
     )
 
     # --- trading accounts: the account, its webhook secret and token, its credentials -----
@@ -220,7 +245,9 @@ class UseCases(containers.DeclarativeContainer):
     )
     http = providers.Singleton(
         HttpServices,
-        auth=auth,
+        password_login=password_login,
+        session_lifetime=session_lifetime,
+        authentication=authentication,
         registration=registration,
         password_reset=password_reset,
         api_keys=api_keys,

@@ -1,5 +1,7 @@
 """The account flows of identity (registration, password reset, API keys, allowed IPs) on the
-memory adapters, with principals made by the real Authenticator: the world their tests share."""
+memory adapters, with principals made by the real login and request authentication: the world
+their tests share. ``session_services`` builds the session parts as the services container
+does, for this world and ``test_auth``'s."""
 
 from __future__ import annotations
 
@@ -11,15 +13,21 @@ from support import fast_hasher
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import User
-from tradecore.ports.identity import MailMessage
+from tradecore.ports.identity import MailMessage, PasswordHasher, TokenCodec
+from tradecore.ports.protection import RateLimiter
+from tradecore.ports.repositories import ApiKeyRepository, SessionRepository, UserRepository
+from tradecore.ports.runtime import Clock, RandomSource
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
-from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
-from tradecore.services.identity.login import LoginResult
+from tradecore.services.identity.login import LoginResult, PasswordLogin
 from tradecore.services.identity.password_reset import PasswordReset, ResetSettings
 from tradecore.services.identity.registration import Registration
+from tradecore.services.identity.request_authentication import RequestAuthenticator
+from tradecore.services.identity.session_lifetime import SessionLifetime
+from tradecore.services.identity.session_tokens import SessionTokens
 from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.testing.clock import FakeClock, SeededRandom
@@ -91,7 +99,9 @@ class World:
     audit: MemoryAuditLog
     mail: FlakyOutbox
     captcha: FakeCaptcha
-    auth: Authenticator
+    password_login: PasswordLogin
+    session_lifetime: SessionLifetime
+    authentication: RequestAuthenticator
     registration: Registration
     password_reset: PasswordReset
     keys: ApiKeys
@@ -103,20 +113,20 @@ class World:
         return user
 
     async def login(self, email: str = EMAIL, password: str = PASSWORD) -> LoginResult:
-        result = await self.auth.login(email, password, CAPTCHA, ctx())
+        result = await self.password_login.login(email, password, CAPTCHA, ctx())
         assert isinstance(result, LoginResult), result
         return result
 
     async def principal(self, email: str = EMAIL) -> Principal:
         login = await self.login(email)
-        principal = await self.auth.authenticate(login.tokens.access_token, None)
+        principal = await self.authentication.authenticate(login.tokens.access_token, None)
         assert isinstance(principal, Principal)
         return principal
 
     async def key_principal(self, email: str = EMAIL) -> Principal:
         created = await self.keys.create_api_key(await self.principal(email), "bot", None, ctx())
         assert isinstance(created, tuple)
-        principal = await self.auth.authenticate(None, created[1])
+        principal = await self.authentication.authenticate(None, created[1])
         assert isinstance(principal, Principal) and principal.api_key is not None
         return principal
 
@@ -127,6 +137,41 @@ class World:
 
     def entries(self, action: AuditAction) -> list[StoredAuditEntry]:
         return [s for s in self.audit.all() if s.entry.action is action]
+
+
+def session_services(
+    users: UserRepository,
+    sessions: SessionRepository,
+    api_keys: ApiKeyRepository,
+    hasher: PasswordHasher,
+    codec: TokenCodec,
+    challenge: BotChallenge,
+    audit: IdentityAudit,
+    clock: Clock,
+    random: RandomSource,
+    settings: AuthSettings,
+    *,
+    limiter: RateLimiter | None = None,
+) -> tuple[PasswordLogin, SessionLifetime, RequestAuthenticator]:
+    """Login, session lifetime and request authentication over the given ports, sharing one
+    ``SessionTokens`` as the services container's providers do."""
+    tokens = SessionTokens(codec, random, settings)
+    return (
+        PasswordLogin(
+            users,
+            sessions,
+            hasher,
+            challenge,
+            tokens,
+            audit,
+            clock,
+            random,
+            settings,
+            limiter=limiter,
+        ),
+        SessionLifetime(users, sessions, tokens, audit, clock),
+        RequestAuthenticator(users, sessions, api_keys, tokens, clock),
+    )
 
 
 def make_world(
@@ -148,15 +193,24 @@ def make_world(
     captcha = FakeCaptcha()
     hasher = fast_hasher()
     throttle = MemoryAlertThrottle(clock)
-    events = SecurityEvents(audit, users, throttle, LoggingOutbox(), clock)
+    identity_audit = IdentityAudit(SecurityEvents(audit, users, throttle, LoggingOutbox(), clock))
     auth_settings = AuthSettings(captcha_enabled=captcha_enabled)
     codec = JwtTokenCodec("k" * 40, clock=clock)
-    auth = Authenticator(
-        users, sessions, api_keys, hasher, codec, captcha, events, clock, random, auth_settings
-    )
     challenge = BotChallenge(captcha, enabled=captcha_enabled, bypass_user_agents=frozenset())
+    password_login, session_lifetime, authentication = session_services(
+        users,
+        sessions,
+        api_keys,
+        hasher,
+        codec,
+        challenge,
+        identity_audit,
+        clock,
+        random,
+        auth_settings,
+    )
     registration = Registration(
-        users, hasher, challenge, events, clock, random, terms_version=TERMS_VERSION
+        users, hasher, challenge, identity_audit, clock, random, terms_version=TERMS_VERSION
     )
     password_reset = PasswordReset(
         users,
@@ -164,7 +218,7 @@ def make_world(
         resets,
         hasher,
         mail,
-        events,
+        identity_audit,
         clock,
         random,
         ResetSettings(link_base=BASE_URL + "/"),
@@ -180,11 +234,13 @@ def make_world(
         audit,
         mail,
         captcha,
-        auth,
+        password_login,
+        session_lifetime,
+        authentication,
         registration,
         password_reset,
-        ApiKeys(api_keys, events, clock, random, max_keys=max_keys),
-        AllowedIps(allowed_ips, events, clock, random, max_entries=max_entries),
+        ApiKeys(api_keys, identity_audit, clock, random, max_keys=max_keys),
+        AllowedIps(allowed_ips, identity_audit, clock, random, max_entries=max_entries),
     )
 
 

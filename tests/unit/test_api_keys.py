@@ -37,7 +37,7 @@ async def test_a_created_key_is_shown_once_stored_hashed_and_works(world: World)
     assert key.name == "trading bot" and key.user_id == user.id and key.expires_at is None
     assert key.key_hash == hash_token(plaintext) and plaintext.startswith(key.prefix)
     assert plaintext not in repr(await world.api_keys.list_for_user(user.id))
-    via_key = await world.auth.authenticate(None, plaintext)
+    via_key = await world.authentication.authenticate(None, plaintext)
     assert isinstance(via_key, Principal) and via_key.user.id == user.id
     [entry] = world.entries(AuditAction.API_KEY_CREATED)
     assert entry.entry.success and entry.entry.resource_id == key.id
@@ -87,7 +87,7 @@ async def test_a_key_with_an_expiry_stops_working_then(world: World) -> None:
     key, plaintext = created
     assert key.expires_at == EPOCH + timedelta(hours=1)
     world.clock.advance(3600)
-    assert status(await world.auth.authenticate(None, plaintext)) == 401
+    assert status(await world.authentication.authenticate(None, plaintext)) == 401
 
 
 async def test_keys_are_listed_per_user_and_revoked_at_once(world: World) -> None:
@@ -101,9 +101,9 @@ async def test_keys_are_listed_per_user_and_revoked_at_once(world: World) -> Non
     assert isinstance(listed, list) and [k.id for k in listed] == [ada_key[0].id]
 
     assert status(await world.keys.revoke_api_key(ada, bob_key[0].id, ctx())) == 404
-    assert isinstance(await world.auth.authenticate(None, bob_key[1]), Principal)
+    assert isinstance(await world.authentication.authenticate(None, bob_key[1]), Principal)
     assert await world.keys.revoke_api_key(ada, ada_key[0].id, ctx()) is None
-    assert status(await world.auth.authenticate(None, ada_key[1])) == 401
+    assert status(await world.authentication.authenticate(None, ada_key[1])) == 401
     assert status(await world.keys.revoke_api_key(ada, ada_key[0].id, ctx())) == 404
     assert [e.entry.success for e in world.entries(AuditAction.API_KEY_REVOKED)] == [
         False,

@@ -1,5 +1,6 @@
-"""Authenticator: login, refresh rotation and reuse detection, logout, revocation, the token
-grants and request authentication, on the memory adapters with a real JWT codec."""
+"""The session parts of identity (``PasswordLogin``, ``SessionLifetime``,
+``RequestAuthenticator``): login, refresh rotation and reuse detection, logout, revocation, the
+token grants and request authentication, on the memory adapters with a real JWT codec."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from identity_world import session_services
 from racing import RacingUsers
 
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
 from tradecore.services.audit.events import SecurityEvents
-from tradecore.services.identity.authenticator import Authenticator
-from tradecore.services.identity.login import LoginResult
+from tradecore.services.identity.audit import IdentityAudit
+from tradecore.services.identity.bot_challenge import BotChallenge
+from tradecore.services.identity.login import LoginResult, PasswordLogin
 from tradecore.services.identity.refusals import INVALID_CREDENTIALS, NOT_AUTHENTICATED
+from tradecore.services.identity.request_authentication import RequestAuthenticator
+from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.identity.session_tokens import IssuedTokens
 from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
@@ -111,7 +116,9 @@ class World:
     codec: JwtTokenCodec
     captcha: FakeCaptcha
     limiter: MemoryRateLimiter
-    auth: Authenticator
+    password_login: PasswordLogin
+    session_lifetime: SessionLifetime
+    authentication: RequestAuthenticator
 
     async def add_user(
         self, email: str = EMAIL, password: str = PASSWORD, *, encoded: str | None = None, **kw: Any
@@ -128,7 +135,7 @@ class World:
         return user
 
     async def login(self, email: str = EMAIL, password: str = PASSWORD, **kw: Any) -> LoginResult:
-        result = await self.auth.login(email, password, CAPTCHA, kw.pop("context", ctx()))
+        result = await self.password_login.login(email, password, CAPTCHA, kw.pop("context", ctx()))
         assert isinstance(result, LoginResult), result
         return result
 
@@ -163,21 +170,27 @@ def make_world(users: MemoryUserRepository | None = None, **settings: Any) -> Wo
     limiter = MemoryRateLimiter(clock)
     events = SecurityEvents(audit, users, MemoryAlertThrottle(clock), LoggingOutbox(), clock)
     settings.setdefault("captcha_enabled", True)
-    auth = Authenticator(
+    auth_settings = AuthSettings(**settings)
+    challenge = BotChallenge(
+        captcha,
+        enabled=auth_settings.captcha_enabled,
+        bypass_user_agents=auth_settings.captcha_bypass_user_agents,
+    )
+    parts = session_services(
         users,
         sessions,
         api_keys,
         hasher,
         codec,
-        captcha,
-        events,
+        challenge,
+        IdentityAudit(events),
         clock,
         random,
-        AuthSettings(**settings),
+        auth_settings,
         limiter=limiter,
     )
     return World(
-        clock, random, users, sessions, api_keys, audit, hasher, codec, captcha, limiter, auth
+        clock, random, users, sessions, api_keys, audit, hasher, codec, captcha, limiter, *parts
     )
 
 
@@ -231,8 +244,8 @@ async def test_the_email_is_matched_trimmed_and_case_insensitively(world: World)
 
 async def test_unknown_user_and_wrong_password_get_the_same_refusal(world: World) -> None:
     user = await world.add_user()
-    unknown = await world.auth.login("bob@example.com", PASSWORD, CAPTCHA, ctx())
-    wrong = await world.auth.login(EMAIL, "not the password", CAPTCHA, ctx())
+    unknown = await world.password_login.login("bob@example.com", PASSWORD, CAPTCHA, ctx())
+    wrong = await world.password_login.login(EMAIL, "not the password", CAPTCHA, ctx())
     assert unknown == wrong == INVALID_CREDENTIALS
     assert isinstance(unknown, Rejected) and unknown.status == 401
     # The unknown user still costs one real verification (against the dummy hash), so timing
@@ -249,8 +262,8 @@ async def test_a_disabled_user_is_refused_with_403_only_after_the_right_password
     world: World,
 ) -> None:
     await world.add_user(disabled=True)
-    wrong = await world.auth.login(EMAIL, "not the password", CAPTCHA, ctx())
-    right = await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())
+    wrong = await world.password_login.login(EMAIL, "not the password", CAPTCHA, ctx())
+    right = await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx())
     assert wrong == INVALID_CREDENTIALS
     assert isinstance(right, Rejected) and (right.status, right.code) == (403, "user_disabled")
 
@@ -270,7 +283,7 @@ async def test_a_failed_captcha_stops_login_before_any_password_work(
         world.captcha.answer = False
     else:
         world.captcha.error = RuntimeError("provider exploded")
-    result = await world.auth.login(EMAIL, PASSWORD, "bad-token", ctx())
+    result = await world.password_login.login(EMAIL, PASSWORD, "bad-token", ctx())
     assert isinstance(result, Rejected) and (result.status, result.code) == (403, "captcha_failed")
     assert world.hasher.calls == []
     [entry] = world.entries(AuditAction.LOGIN)
@@ -280,7 +293,7 @@ async def test_a_failed_captcha_stops_login_before_any_password_work(
 @pytest.mark.parametrize("token", [None, "", 17, ["x"]])
 async def test_a_missing_captcha_token_is_a_bad_request(world: World, token: object) -> None:
     await world.add_user()
-    result = await world.auth.login(EMAIL, PASSWORD, token, ctx())
+    result = await world.password_login.login(EMAIL, PASSWORD, token, ctx())
     assert isinstance(result, Rejected) and result.status == 400
     assert world.captcha.calls == [] and world.hasher.calls == []
 
@@ -288,7 +301,7 @@ async def test_a_missing_captcha_token_is_a_bad_request(world: World, token: obj
 async def test_captcha_off_is_not_consulted() -> None:
     world = make_world(captcha_enabled=False)
     await world.add_user()
-    result = await world.auth.login(EMAIL, PASSWORD, None, ctx())
+    result = await world.password_login.login(EMAIL, PASSWORD, None, ctx())
     assert isinstance(result, LoginResult)
     assert world.captcha.calls == []
 
@@ -297,9 +310,9 @@ async def test_only_a_listed_user_agent_bypasses_the_captcha() -> None:
     world = make_world(captcha_bypass_user_agents={SCANNER})
     world.captcha.answer = False
     await world.add_user()
-    bypassed = await world.auth.login(EMAIL, PASSWORD, None, ctx(ua=SCANNER))
+    bypassed = await world.password_login.login(EMAIL, PASSWORD, None, ctx(ua=SCANNER))
     assert isinstance(bypassed, LoginResult)
-    near_miss = await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx(ua=SCANNER + " "))
+    near_miss = await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx(ua=SCANNER + " "))
     assert isinstance(near_miss, Rejected) and near_miss.code == "captcha_failed"
     assert world.entries(AuditAction.LOGIN)[0].entry.metadata["captcha_bypassed"] is True
 
@@ -313,7 +326,7 @@ def test_wrong_types_are_a_bad_request_without_password_work(bad: object, field:
         world = make_world()
         await world.add_user()
         email, password = (bad, PASSWORD) if field == "email" else (EMAIL, bad)
-        result = await world.auth.login(email, password, CAPTCHA, ctx())
+        result = await world.password_login.login(email, password, CAPTCHA, ctx())
         assert isinstance(result, Rejected) and result.status == 400
         assert world.hasher.calls == []
         [entry] = world.entries(AuditAction.LOGIN)
@@ -336,7 +349,7 @@ async def test_unusable_input_is_refused_before_hashing(
     world: World, email: str, password: str
 ) -> None:
     await world.add_user()
-    result = await world.auth.login(email, password, CAPTCHA, ctx())
+    result = await world.password_login.login(email, password, CAPTCHA, ctx())
     assert isinstance(result, Rejected) and result.status == 400
     assert world.hasher.calls == []
 
@@ -355,7 +368,9 @@ async def test_an_outdated_hash_is_replaced_after_a_successful_login(world: Worl
     stored = await world.users.get(user.id)
     assert stored is not None and stored.password_hash != old
     assert not world.hasher.needs_rehash(stored.password_hash)
-    assert isinstance(await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx()), LoginResult)
+    assert isinstance(
+        await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx()), LoginResult
+    )
 
 
 async def test_a_current_hash_is_left_alone(world: World) -> None:
@@ -366,28 +381,28 @@ async def test_a_current_hash_is_left_alone(world: World) -> None:
 
 async def test_a_store_outage_is_503_not_401() -> None:
     world = make_world(users=DownUsers())
-    result = await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())
+    result = await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx())
     assert isinstance(result, Rejected) and result.status == 503
     session = Session("sid-1", "uid-1", "csrf", USER_IP, BROWSER, EPOCH, refresh_jti="x")
     await world.sessions.add(session)
     token = world.codec.encode(access_claims("uid-1", "sid-1", "j", EPOCH, timedelta(minutes=5)))
-    outage = await world.auth.authenticate(token, None)
+    outage = await world.authentication.authenticate(token, None)
     assert isinstance(outage, Rejected) and outage.status == 503
 
 
 async def test_every_session_use_case_answers_an_outage_with_the_shared_503() -> None:
     world = make_world(users=DownUsers())
-    assert await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx()) == UNAVAILABLE
-    assert await world.auth.password_grant(EMAIL, PASSWORD, ctx()) == UNAVAILABLE
+    assert await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx()) == UNAVAILABLE
+    assert await world.password_login.password_grant(EMAIL, PASSWORD, ctx()) == UNAVAILABLE
     session = Session(
         "sid-1", "uid-1", "csrf", USER_IP, BROWSER, EPOCH, refresh_jti=hash_token("r")
     )
     await world.sessions.add(session)
     refresh = world.codec.encode(refresh_claims("uid-1", "sid-1", "r", EPOCH, timedelta(days=1)))
-    assert await world.auth.refresh(refresh, ctx()) == UNAVAILABLE
+    assert await world.session_lifetime.refresh(refresh, ctx()) == UNAVAILABLE
     access = world.codec.encode(access_claims("uid-1", "sid-1", "a", EPOCH, timedelta(minutes=5)))
-    assert await world.auth.authenticate(access, None) == UNAVAILABLE
-    assert await world.auth.authenticate(None, access) == UNAVAILABLE
+    assert await world.authentication.authenticate(access, None) == UNAVAILABLE
+    assert await world.authentication.authenticate(None, access) == UNAVAILABLE
 
 
 # --- request authentication -----------------------------------------------------------------
@@ -396,7 +411,7 @@ async def test_every_session_use_case_answers_an_outage_with_the_shared_503() ->
 async def test_the_access_cookie_authenticates(world: World) -> None:
     user = await world.add_user()
     login = await world.login()
-    principal = await world.auth.authenticate(login.tokens.access_token, None)
+    principal = await world.authentication.authenticate(login.tokens.access_token, None)
     assert isinstance(principal, Principal)
     assert principal.user.id == user.id and principal.via_cookie
     assert principal.session == login.session and principal.api_key is None
@@ -406,7 +421,7 @@ async def test_the_access_cookie_authenticates(world: World) -> None:
 async def test_a_bearer_access_token_authenticates_without_the_cookie_flag(world: World) -> None:
     await world.add_user()
     login = await world.login()
-    principal = await world.auth.authenticate(None, login.tokens.access_token)
+    principal = await world.authentication.authenticate(None, login.tokens.access_token)
     assert isinstance(principal, Principal)
     assert not principal.via_cookie and principal.has_browser_session
 
@@ -416,33 +431,38 @@ async def test_the_cookie_is_read_before_the_bearer_header(world: World) -> None
     await world.add_user("bob@example.com")
     cookie = (await world.login()).tokens.access_token
     bearer = (await world.login("bob@example.com")).tokens.access_token
-    principal = await world.auth.authenticate(cookie, bearer)
+    principal = await world.authentication.authenticate(cookie, bearer)
     assert isinstance(principal, Principal) and principal.user.id == ada.id
     assert principal.via_cookie
 
 
 async def test_no_credential_is_401(world: World) -> None:
-    assert await world.auth.authenticate(None, None) == NOT_AUTHENTICATED
-    assert await world.auth.authenticate("", "") == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(None, None) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate("", "") == NOT_AUTHENTICATED
 
 
 async def test_an_access_token_expires_after_30_minutes(world: World) -> None:
     await world.add_user()
     token = (await world.login()).tokens.access_token
     world.clock.advance(30 * 60 - 1)
-    assert isinstance(await world.auth.authenticate(token, None), Principal)
+    assert isinstance(await world.authentication.authenticate(token, None), Principal)
     world.clock.advance(1)
-    assert await world.auth.authenticate(token, None) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(token, None) == NOT_AUTHENTICATED
 
 
 async def test_logout_makes_the_access_token_useless_at_once(world: World) -> None:
     await world.add_user()
     login = await world.login()
-    principal = await world.auth.authenticate(login.tokens.access_token, None)
+    principal = await world.authentication.authenticate(login.tokens.access_token, None)
     assert isinstance(principal, Principal)
-    await world.auth.logout(principal, ctx(path="/auth/logout"))
-    assert await world.auth.authenticate(login.tokens.access_token, None) == NOT_AUTHENTICATED
-    assert isinstance(await world.auth.refresh(login.tokens.refresh_token, ctx()), Rejected)
+    await world.session_lifetime.logout(principal, ctx(path="/auth/logout"))
+    assert (
+        await world.authentication.authenticate(login.tokens.access_token, None)
+        == NOT_AUTHENTICATED
+    )
+    assert isinstance(
+        await world.session_lifetime.refresh(login.tokens.refresh_token, ctx()), Rejected
+    )
     [entry] = world.entries(AuditAction.LOGOUT)
     assert entry.entry.success and entry.entry.resource_id == login.session.id
 
@@ -451,11 +471,13 @@ async def test_logout_with_an_api_key_ends_nothing(world: World) -> None:
     user = await world.add_user()
     login = await world.login()
     _, plaintext = await world.add_key(user)
-    principal = await world.auth.authenticate(None, plaintext)
+    principal = await world.authentication.authenticate(None, plaintext)
     assert isinstance(principal, Principal)
-    await world.auth.logout(principal, ctx(path="/auth/logout"))
-    assert isinstance(await world.auth.authenticate(login.tokens.access_token, None), Principal)
-    assert isinstance(await world.auth.authenticate(None, plaintext), Principal)
+    await world.session_lifetime.logout(principal, ctx(path="/auth/logout"))
+    assert isinstance(
+        await world.authentication.authenticate(login.tokens.access_token, None), Principal
+    )
+    assert isinstance(await world.authentication.authenticate(None, plaintext), Principal)
     [entry] = world.entries(AuditAction.LOGOUT)
     assert not entry.entry.success
 
@@ -467,11 +489,16 @@ async def test_administrative_revocation_ends_every_session_of_that_user_only(
     await world.add_user("bob@example.com")
     ada_logins = [await world.login(), await world.login()]
     bob_login = await world.login("bob@example.com")
-    revoked = await world.auth.revoke_all_sessions(ada.id, ctx(path="cli"))
+    revoked = await world.session_lifetime.revoke_all_sessions(ada.id, ctx(path="cli"))
     assert revoked == 2
     for login in ada_logins:
-        assert await world.auth.authenticate(login.tokens.access_token, None) == NOT_AUTHENTICATED
-    assert isinstance(await world.auth.authenticate(bob_login.tokens.access_token, None), Principal)
+        assert (
+            await world.authentication.authenticate(login.tokens.access_token, None)
+            == NOT_AUTHENTICATED
+        )
+    assert isinstance(
+        await world.authentication.authenticate(bob_login.tokens.access_token, None), Principal
+    )
     [entry] = world.entries(AuditAction.SESSION_REVOKED)
     assert entry.entry.user_id == ada.id and entry.entry.metadata == {"sessions_revoked": 2}
 
@@ -480,18 +507,18 @@ async def test_a_disabled_user_is_refused_even_with_a_live_token(world: World) -
     user = await world.add_user()
     login = await world.login()
     assert await world.users.save(attrs.evolve(user, disabled=True), previous=user)
-    result = await world.auth.authenticate(login.tokens.access_token, None)
+    result = await world.authentication.authenticate(login.tokens.access_token, None)
     assert isinstance(result, Rejected) and result.status == 403
-    refreshed = await world.auth.refresh(login.tokens.refresh_token, ctx())
+    refreshed = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(refreshed, Rejected) and refreshed.status == 403
 
 
 async def test_subscription_expiry_downgrades_the_plan_on_the_next_request(world: World) -> None:
     await world.add_user(subscription_expires_at=EPOCH + timedelta(minutes=10))
     token = (await world.login()).tokens.access_token
-    before = await world.auth.authenticate(token, None)
+    before = await world.authentication.authenticate(token, None)
     world.clock.advance(10 * 60)
-    after = await world.auth.authenticate(token, None)
+    after = await world.authentication.authenticate(token, None)
     assert isinstance(before, Principal) and before.plan is Plan.PRO
     assert isinstance(after, Principal) and after.plan is Plan.FREE
     assert after.user.plan is Plan.PRO  # the stored plan is unchanged; the effective one drops
@@ -500,8 +527,8 @@ async def test_subscription_expiry_downgrades_the_plan_on_the_next_request(world
 async def test_a_refresh_token_is_not_an_access_token(world: World) -> None:
     await world.add_user()
     tokens = (await world.login()).tokens
-    assert await world.auth.authenticate(tokens.refresh_token, None) == NOT_AUTHENTICATED
-    assert await world.auth.authenticate(None, tokens.refresh_token) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(tokens.refresh_token, None) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(None, tokens.refresh_token) == NOT_AUTHENTICATED
 
 
 async def test_tokens_signed_with_another_key_or_alg_none_are_refused(world: World) -> None:
@@ -516,8 +543,8 @@ async def test_tokens_signed_with_another_key_or_alg_none_are_refused(world: Wor
 
     unsigned = b64({"alg": "none", "typ": "JWT"}) + "." + b64(dict(claims)) + "."
     for token in (forged.encode(claims), unsigned):
-        assert await world.auth.authenticate(token, None) == NOT_AUTHENTICATED
-        assert await world.auth.authenticate(None, token) == NOT_AUTHENTICATED
+        assert await world.authentication.authenticate(token, None) == NOT_AUTHENTICATED
+        assert await world.authentication.authenticate(None, token) == NOT_AUTHENTICATED
     assert user.id == claims["sub"]
 
 
@@ -527,15 +554,18 @@ async def test_a_token_for_a_session_of_another_user_is_refused(world: World) ->
     login = await world.login()
     claims = dict(world.codec.decode(login.tokens.access_token, expected_type="access"))
     claims["sub"] = bob.id  # signed by us but naming someone else's session
-    assert await world.auth.authenticate(world.codec.encode(claims), None) == NOT_AUTHENTICATED
+    assert (
+        await world.authentication.authenticate(world.codec.encode(claims), None)
+        == NOT_AUTHENTICATED
+    )
 
 
 @given(st.text(max_size=200))
 def test_any_bearer_text_is_refused_without_raising(text: str) -> None:
     async def scenario() -> None:
         world = make_world()
-        assert await world.auth.authenticate(None, text) == NOT_AUTHENTICATED
-        assert await world.auth.authenticate(text, None) == NOT_AUTHENTICATED
+        assert await world.authentication.authenticate(None, text) == NOT_AUTHENTICATED
+        assert await world.authentication.authenticate(text, None) == NOT_AUTHENTICATED
 
     asyncio.run(scenario())
 
@@ -546,7 +576,7 @@ def test_any_bearer_text_is_refused_without_raising(text: str) -> None:
 async def test_an_api_key_authenticates_as_its_owner(world: World) -> None:
     user = await world.add_user()
     key, plaintext = await world.add_key(user)
-    principal = await world.auth.authenticate(None, plaintext)
+    principal = await world.authentication.authenticate(None, plaintext)
     assert isinstance(principal, Principal)
     assert principal.user.id == user.id and principal.api_key is not None
     assert principal.api_key.id == key.id
@@ -557,7 +587,7 @@ async def test_an_api_key_authenticates_as_its_owner(world: World) -> None:
 async def test_an_api_key_is_not_accepted_from_the_cookie(world: World) -> None:
     user = await world.add_user()
     _, plaintext = await world.add_key(user)
-    assert await world.auth.authenticate(plaintext, None) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(plaintext, None) == NOT_AUTHENTICATED
 
 
 async def test_last_used_is_written_at_most_once_a_minute(world: World) -> None:
@@ -568,13 +598,13 @@ async def test_last_used_is_written_at_most_once_a_minute(world: World) -> None:
         [stored] = await world.api_keys.list_for_user(user.id)
         return stored.last_used_at
 
-    await world.auth.authenticate(None, plaintext)
+    await world.authentication.authenticate(None, plaintext)
     assert await last_used() == EPOCH
     world.clock.advance(59)
-    await world.auth.authenticate(None, plaintext)
+    await world.authentication.authenticate(None, plaintext)
     assert await last_used() == EPOCH
     world.clock.advance(1)
-    await world.auth.authenticate(None, plaintext)
+    await world.authentication.authenticate(None, plaintext)
     assert await last_used() == EPOCH + timedelta(seconds=60)
     assert key.last_used_at is None
 
@@ -582,33 +612,33 @@ async def test_last_used_is_written_at_most_once_a_minute(world: World) -> None:
 async def test_a_revoked_api_key_is_refused_at_once(world: World) -> None:
     user = await world.add_user()
     key, plaintext = await world.add_key(user)
-    assert isinstance(await world.auth.authenticate(None, plaintext), Principal)
+    assert isinstance(await world.authentication.authenticate(None, plaintext), Principal)
     assert await world.api_keys.revoke(key.id, user.id, world.clock.now())
-    assert await world.auth.authenticate(None, plaintext) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(None, plaintext) == NOT_AUTHENTICATED
 
 
 async def test_an_expired_api_key_is_refused(world: World) -> None:
     user = await world.add_user()
     _, plaintext = await world.add_key(user, expires_at=EPOCH + timedelta(hours=1))
     world.clock.advance(3600 - 1)
-    assert isinstance(await world.auth.authenticate(None, plaintext), Principal)
+    assert isinstance(await world.authentication.authenticate(None, plaintext), Principal)
     world.clock.advance(1)
-    assert await world.auth.authenticate(None, plaintext) == NOT_AUTHENTICATED
+    assert await world.authentication.authenticate(None, plaintext) == NOT_AUTHENTICATED
 
 
 async def test_an_unknown_key_and_a_disabled_owner_are_refused(world: World) -> None:
     user = await world.add_user(disabled=True)
     _, plaintext = await world.add_key(user)
     unknown, _, _ = new_api_key(SeededRandom(99))
-    assert await world.auth.authenticate(None, unknown) == NOT_AUTHENTICATED
-    disabled = await world.auth.authenticate(None, plaintext)
+    assert await world.authentication.authenticate(None, unknown) == NOT_AUTHENTICATED
+    disabled = await world.authentication.authenticate(None, plaintext)
     assert isinstance(disabled, Rejected) and disabled.status == 403
 
 
 async def test_an_api_key_principal_gets_the_effective_plan(world: World) -> None:
     user = await world.add_user(subscription_expires_at=EPOCH)
     _, plaintext = await world.add_key(user)
-    principal = await world.auth.authenticate(None, plaintext)
+    principal = await world.authentication.authenticate(None, plaintext)
     assert isinstance(principal, Principal) and principal.plan is Plan.FREE
 
 
@@ -619,16 +649,21 @@ async def test_refresh_rotates_and_the_new_tokens_work(world: World) -> None:
     await world.add_user()
     login = await world.login()
     world.clock.advance(40 * 60)  # the access token has expired
-    assert await world.auth.authenticate(login.tokens.access_token, None) == NOT_AUTHENTICATED
-    fresh = await world.auth.refresh(login.tokens.refresh_token, ctx(path="/auth/silent-refresh"))
+    assert (
+        await world.authentication.authenticate(login.tokens.access_token, None)
+        == NOT_AUTHENTICATED
+    )
+    fresh = await world.session_lifetime.refresh(
+        login.tokens.refresh_token, ctx(path="/auth/silent-refresh")
+    )
     assert isinstance(fresh, IssuedTokens)
     assert fresh.refresh_token != login.tokens.refresh_token
-    principal = await world.auth.authenticate(fresh.access_token, None)
+    principal = await world.authentication.authenticate(fresh.access_token, None)
     assert isinstance(principal, Principal) and principal.session is not None
     assert principal.session.id == login.session.id
     assert principal.session.csrf_token == login.csrf_token  # the session's token stays
     assert fresh.access_expires_at == world.clock.now() + timedelta(minutes=30)
-    again = await world.auth.refresh(fresh.refresh_token, ctx())
+    again = await world.session_lifetime.refresh(fresh.refresh_token, ctx())
     assert isinstance(again, IssuedTokens)
     [*_, entry] = world.entries(AuditAction.TOKEN_REFRESH)
     assert entry.entry.success
@@ -638,26 +673,28 @@ async def test_rotation_never_extends_the_session_past_30_days(world: World) -> 
     await world.add_user()
     login = await world.login()
     world.clock.advance(20 * 24 * 3600)
-    fresh = await world.auth.refresh(login.tokens.refresh_token, ctx())
+    fresh = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(fresh, IssuedTokens)
     assert fresh.refresh_expires_at == login.tokens.refresh_expires_at
     world.clock.advance(10 * 24 * 3600)
-    assert isinstance(await world.auth.refresh(fresh.refresh_token, ctx()), Rejected)
+    assert isinstance(await world.session_lifetime.refresh(fresh.refresh_token, ctx()), Rejected)
 
 
 async def test_reusing_a_rotated_refresh_token_revokes_the_session(world: World) -> None:
     user = await world.add_user()
     login = await world.login()
-    fresh = await world.auth.refresh(login.tokens.refresh_token, ctx())
+    fresh = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(fresh, IssuedTokens)
 
-    replay = await world.auth.refresh(login.tokens.refresh_token, ctx(ip="198.51.100.66"))
+    replay = await world.session_lifetime.refresh(
+        login.tokens.refresh_token, ctx(ip="198.51.100.66")
+    )
     assert isinstance(replay, Rejected) and replay.status == 401
     session = await world.sessions.get(login.session.id)
     assert session is not None and not session.is_active
     # Everything of that session is dead now, the legitimate new tokens included.
-    assert await world.auth.authenticate(fresh.access_token, None) == NOT_AUTHENTICATED
-    assert isinstance(await world.auth.refresh(fresh.refresh_token, ctx()), Rejected)
+    assert await world.authentication.authenticate(fresh.access_token, None) == NOT_AUTHENTICATED
+    assert isinstance(await world.session_lifetime.refresh(fresh.refresh_token, ctx()), Rejected)
     [reuse] = world.entries(AuditAction.REFRESH_TOKEN_REUSE)
     assert reuse.entry.user_id == user.id and not reuse.entry.success
     assert reuse.entry.context.ip_address == "198.51.100.66"
@@ -668,8 +705,8 @@ async def test_two_concurrent_refreshes_with_one_token_revoke_the_session(world:
     await world.add_user()
     login = await world.login()
     results = await asyncio.gather(
-        world.auth.refresh(login.tokens.refresh_token, ctx()),
-        world.auth.refresh(login.tokens.refresh_token, ctx()),
+        world.session_lifetime.refresh(login.tokens.refresh_token, ctx()),
+        world.session_lifetime.refresh(login.tokens.refresh_token, ctx()),
     )
     assert sorted(type(r).__name__ for r in results) == ["IssuedTokens", "Rejected"]
     session = await world.sessions.get(login.session.id)
@@ -687,7 +724,7 @@ async def test_a_lost_compare_and_set_counts_as_reuse(world: World) -> None:
         return await original(sid, expected, new)
 
     sessions.rotate_refresh = someone_else_rotated_first  # type: ignore[method-assign,assignment]
-    result = await world.auth.refresh(login.tokens.refresh_token, ctx())
+    result = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(result, Rejected) and result.status == 401
     assert world.entries(AuditAction.REFRESH_TOKEN_REUSE)
 
@@ -695,7 +732,7 @@ async def test_a_lost_compare_and_set_counts_as_reuse(world: World) -> None:
 async def test_an_access_token_is_not_a_refresh_token(world: World) -> None:
     await world.add_user()
     login = await world.login()
-    result = await world.auth.refresh(login.tokens.access_token, ctx())
+    result = await world.session_lifetime.refresh(login.tokens.access_token, ctx())
     assert isinstance(result, Rejected) and result.status == 401
     session = await world.sessions.get(login.session.id)
     assert session is not None and session.is_active  # a type mix-up is no reuse
@@ -703,7 +740,7 @@ async def test_an_access_token_is_not_a_refresh_token(world: World) -> None:
 
 @pytest.mark.parametrize("token", [None, "", "garbage", "a.b.c"])
 async def test_a_missing_or_malformed_refresh_token_is_401(world: World, token: Any) -> None:
-    result = await world.auth.refresh(token, ctx())
+    result = await world.session_lifetime.refresh(token, ctx())
     assert isinstance(result, Rejected) and result.status == 401
     [entry] = world.entries(AuditAction.TOKEN_REFRESH)
     assert not entry.entry.success
@@ -713,7 +750,9 @@ async def test_an_expired_refresh_token_is_401(world: World) -> None:
     await world.add_user()
     login = await world.login()
     world.clock.advance(30 * 24 * 3600)
-    assert isinstance(await world.auth.refresh(login.tokens.refresh_token, ctx()), Rejected)
+    assert isinstance(
+        await world.session_lifetime.refresh(login.tokens.refresh_token, ctx()), Rejected
+    )
 
 
 # --- the OAuth2 password grant --------------------------------------------------------------
@@ -722,9 +761,9 @@ async def test_an_expired_refresh_token_is_401(world: World) -> None:
 async def test_the_password_grant_opens_a_session_without_the_captcha(world: World) -> None:
     user = await world.add_user()
     world.captcha.answer = False
-    tokens = await world.auth.password_grant(EMAIL, PASSWORD, ctx(path="/auth/token"))
+    tokens = await world.password_login.password_grant(EMAIL, PASSWORD, ctx(path="/auth/token"))
     assert isinstance(tokens, IssuedTokens)
-    principal = await world.auth.authenticate(None, tokens.access_token)
+    principal = await world.authentication.authenticate(None, tokens.access_token)
     assert isinstance(principal, Principal) and principal.user.id == user.id
     assert world.captcha.calls == []
     [entry] = world.entries(AuditAction.LOGIN)
@@ -733,9 +772,9 @@ async def test_the_password_grant_opens_a_session_without_the_captcha(world: Wor
 
 async def test_the_password_grant_refuses_like_login(world: World) -> None:
     await world.add_user()
-    unknown = await world.auth.password_grant("x@example.com", PASSWORD, ctx())
-    wrong = await world.auth.password_grant(EMAIL, "nope nope nope", ctx())
-    bad = await world.auth.password_grant(EMAIL, None, ctx())
+    unknown = await world.password_login.password_grant("x@example.com", PASSWORD, ctx())
+    wrong = await world.password_login.password_grant(EMAIL, "nope nope nope", ctx())
+    bad = await world.password_login.password_grant(EMAIL, None, ctx())
     assert unknown == wrong == INVALID_CREDENTIALS
     assert isinstance(bad, Rejected) and bad.status == 400
 
@@ -745,23 +784,27 @@ async def test_the_password_grant_is_limited_per_email_before_password_work(
 ) -> None:
     await world.add_user()
     for i in range(10):
-        wrong = await world.auth.password_grant(EMAIL, "guess", ctx(ip=f"192.0.2.{i}"))
+        wrong = await world.password_login.password_grant(EMAIL, "guess", ctx(ip=f"192.0.2.{i}"))
         assert wrong == INVALID_CREDENTIALS
     calls = len(world.hasher.calls)
-    limited = await world.auth.password_grant(EMAIL, PASSWORD, ctx(ip="192.0.2.200"))
+    limited = await world.password_login.password_grant(EMAIL, PASSWORD, ctx(ip="192.0.2.200"))
     assert isinstance(limited, Rejected) and limited.status == 429
     assert limited.retry_after_s is not None and limited.retry_after_s > 0
     assert len(world.hasher.calls) == calls
     world.clock.advance(900)
-    assert isinstance(await world.auth.password_grant(EMAIL, PASSWORD, ctx()), IssuedTokens)
+    assert isinstance(
+        await world.password_login.password_grant(EMAIL, PASSWORD, ctx()), IssuedTokens
+    )
 
 
 async def test_the_password_grant_is_limited_per_client_ip(world: World) -> None:
     for i in range(10):
-        await world.auth.password_grant(f"u{i}@example.com", "guess", ctx())
-    limited = await world.auth.password_grant("new@example.com", "guess", ctx())
+        await world.password_login.password_grant(f"u{i}@example.com", "guess", ctx())
+    limited = await world.password_login.password_grant("new@example.com", "guess", ctx())
     assert isinstance(limited, Rejected) and limited.status == 429
-    other_ip = await world.auth.password_grant("new@example.com", "guess", ctx(ip="192.0.2.1"))
+    other_ip = await world.password_login.password_grant(
+        "new@example.com", "guess", ctx(ip="192.0.2.1")
+    )
     assert other_ip == INVALID_CREDENTIALS
 
 
@@ -771,25 +814,25 @@ async def test_the_password_grant_is_limited_per_client_ip(world: World) -> None
 async def test_no_password_token_or_csrf_token_reaches_the_audit_log(world: World) -> None:
     user = await world.add_user()
     secrets: list[str] = [PASSWORD, "wrong horse battery staple", CAPTCHA]
-    await world.auth.login(EMAIL, "wrong horse battery staple", CAPTCHA, ctx())
+    await world.password_login.login(EMAIL, "wrong horse battery staple", CAPTCHA, ctx())
     login = await world.login()
     secrets += [login.csrf_token, login.tokens.access_token, login.tokens.refresh_token]
-    fresh = await world.auth.refresh(login.tokens.refresh_token, ctx())
+    fresh = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(fresh, IssuedTokens)
     secrets += [fresh.access_token, fresh.refresh_token]
-    await world.auth.refresh(login.tokens.refresh_token, ctx())  # reuse
-    granted = await world.auth.password_grant(EMAIL, PASSWORD, ctx())
+    await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())  # reuse
+    granted = await world.password_login.password_grant(EMAIL, PASSWORD, ctx())
     assert isinstance(granted, IssuedTokens)
     secrets += [granted.access_token, granted.refresh_token]
     _, key = await world.add_key(user)
     secrets.append(key)
-    principal = await world.auth.authenticate(None, key)
+    principal = await world.authentication.authenticate(None, key)
     assert isinstance(principal, Principal)
-    await world.auth.logout(principal, ctx())
-    cookie_principal = await world.auth.authenticate(granted.access_token, None)
+    await world.session_lifetime.logout(principal, ctx())
+    cookie_principal = await world.authentication.authenticate(granted.access_token, None)
     assert isinstance(cookie_principal, Principal)
-    await world.auth.logout(cookie_principal, ctx())
-    await world.auth.revoke_all_sessions(user.id, ctx())
+    await world.session_lifetime.logout(cookie_principal, ctx())
+    await world.session_lifetime.revoke_all_sessions(user.id, ctx())
     for token in (login.tokens.refresh_token, fresh.refresh_token):
         jti = world.codec.decode(token, expected_type="refresh")["jti"]
         secrets += [jti, hash_token(jti)]
@@ -818,7 +861,7 @@ async def test_a_rehash_never_writes_the_old_password_over_a_reset() -> None:
     reset_hash = argon2_fast().hash("the new password after a reset")
     users.races.append(lambda u: attrs.evolve(u, password_hash=reset_hash))
 
-    result = await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())
+    result = await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx())
 
     assert result == INVALID_CREDENTIALS
     stored = await world.users.get(user.id)

@@ -81,3 +81,11 @@ def test_one_container_builds_each_part_once() -> None:
     assert http.orders is system.orders
     assert container.services.verifier() is system.verifier
     assert container.shared.mailer() is system.outbox  # no SMTP_URL: the logging outbox
+
+
+def test_the_identity_parts_share_one_bot_challenge_and_one_token_signer() -> None:
+    services = build_container(Settings()).services
+    login, lifetime = services.password_login(), services.session_lifetime()
+    assert login._challenge is services.registration()._challenge is services.bot_challenge()
+    assert login._tokens is lifetime._tokens is services.authentication()._tokens
+    assert services.http().session_lifetime is lifetime  # what `admin revoke-sessions` uses

@@ -93,9 +93,13 @@ async def test_reset_replaces_the_password_and_ends_every_session(world: World) 
     assert await world.password_reset.reset_password(token, NEW_PASSWORD, ctx()) is None
 
     for login in logins:
-        assert status(await world.auth.authenticate(login.tokens.access_token, None)) == 401
-        assert status(await world.auth.refresh(login.tokens.refresh_token, ctx())) == 401
-    assert status(await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())) == 401
+        assert (
+            status(await world.authentication.authenticate(login.tokens.access_token, None)) == 401
+        )
+        assert (
+            status(await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())) == 401
+        )
+    assert status(await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx())) == 401
     assert isinstance(await world.login(password=NEW_PASSWORD), LoginResult)
     [entry] = world.entries(AuditAction.PASSWORD_RESET)
     assert entry.entry.success and entry.entry.user_id == user.id
@@ -221,7 +225,7 @@ async def test_a_reset_wins_over_a_rehash_that_landed_first() -> None:
     assert await world.password_reset.reset_password(token, NEW_PASSWORD, ctx()) is None
 
     assert users.saves == 2
-    assert status(await world.auth.login(EMAIL, PASSWORD, CAPTCHA, ctx())) == 401
+    assert status(await world.password_login.login(EMAIL, PASSWORD, CAPTCHA, ctx())) == 401
     assert isinstance(await world.login(password=NEW_PASSWORD), LoginResult)
     [entry] = world.entries(AuditAction.PASSWORD_RESET)
     assert entry.entry.success and entry.entry.user_id == user.id

@@ -40,7 +40,7 @@ async def authenticate(request: web.Request, *, browser_session: bool = False) -
     that manages credentials."""
     services = request.app[SERVICES]
     cookie = request.cookies.get(ACCESS_COOKIE) or None
-    outcome = await services.auth.authenticate(cookie, bearer_token(request))
+    outcome = await services.authentication.authenticate(cookie, bearer_token(request))
     if isinstance(outcome, Rejected):
         raise Problem(outcome)
     principal = outcome

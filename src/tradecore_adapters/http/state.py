@@ -28,9 +28,11 @@ from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
-from tradecore.services.identity.authenticator import Authenticator
+from tradecore.services.identity.login import PasswordLogin
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
+from tradecore.services.identity.request_authentication import RequestAuthenticator
+from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.orders.dashboard_order import DashboardOrders
 from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.http.config import HttpConfig
@@ -56,7 +58,9 @@ class Readiness(Protocol):
 class Services:
     """The use cases and stores the HTTP layer calls."""
 
-    auth: Authenticator
+    password_login: PasswordLogin
+    session_lifetime: SessionLifetime
+    authentication: RequestAuthenticator
     registration: Registration
     password_reset: PasswordReset
     api_keys: ApiKeys

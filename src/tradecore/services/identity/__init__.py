@@ -1,1 +1,1 @@
-"""Who the caller is: the bot challenge, login, a session's tokens, request authentication."""
+"""Login, sessions, request authentication, registration, password reset, API keys, allowed IPs."""

@@ -3,7 +3,7 @@ may come from (an empty list allows every address).
 
 Entries are credentials: they are managed from a browser session only (a request made with an
 API key is refused with 403). Each call that changes something leaves one audit entry
-(``UserAudit``), refusals included. An unreachable store is 503.
+(``IdentityAudit``), refusals included. An unreachable store is 503.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from tradecore.identity import AllowedIp
 from tradecore.netaddr import parse_allowed_entry
 from tradecore.ports.repositories import AllowedIpRepository
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.audit.events import SecurityEvents
-from tradecore.services.identity.user_audit import UserAudit
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.vocabulary import (
     BROWSER_SESSION_REQUIRED,
     NOT_FOUND,
@@ -33,7 +32,7 @@ class AllowedIps:
     def __init__(
         self,
         allowed_ips: AllowedIpRepository,
-        events: SecurityEvents,
+        audit: IdentityAudit,
         clock: Clock,
         random: RandomSource,
         *,
@@ -42,7 +41,7 @@ class AllowedIps:
         if max_entries < 1:
             raise ValueError("max_entries must be positive")
         self._allowed_ips = allowed_ips
-        self._audit = UserAudit(events)
+        self._audit = audit
         self._clock = clock
         self._random = random
         self._max_entries = max_entries

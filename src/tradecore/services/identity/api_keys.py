@@ -2,7 +2,7 @@
 
 A key is shown once, when it is created, and stored only as its SHA-256 digest. Keys are
 credentials: they are managed from a browser session only (a request made with an API key is
-refused with 403). Each call that changes something leaves one audit entry (``UserAudit``),
+refused with 403). Each call that changes something leaves one audit entry (``IdentityAudit``),
 refusals included; none holds a key. An unreachable store is 503.
 """
 
@@ -14,8 +14,7 @@ from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import ApiKey
 from tradecore.ports.repositories import ApiKeyRepository
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.audit.events import SecurityEvents
-from tradecore.services.identity.user_audit import UserAudit
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.vocabulary import (
     BROWSER_SESSION_REQUIRED,
     NOT_FOUND,
@@ -36,7 +35,7 @@ class ApiKeys:
     def __init__(
         self,
         api_keys: ApiKeyRepository,
-        events: SecurityEvents,
+        audit: IdentityAudit,
         clock: Clock,
         random: RandomSource,
         *,
@@ -45,7 +44,7 @@ class ApiKeys:
         if max_keys < 1:
             raise ValueError("max_keys must be positive")
         self._api_keys = api_keys
-        self._audit = UserAudit(events)
+        self._audit = audit
         self._clock = clock
         self._random = random
         self._max_keys = max_keys

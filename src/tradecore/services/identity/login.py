@@ -19,9 +19,9 @@ from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.protection import RateLimiter
 from tradecore.ports.repositories import SessionRepository, UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.refusals import INVALID_CREDENTIALS, USER_DISABLED
-from tradecore.services.identity.session_audit import SessionAudit
 from tradecore.services.identity.session_tokens import IssuedTokens, SessionTokens
 from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.vocabulary import Rejected, bad_request, refuses_outages
@@ -55,7 +55,7 @@ class PasswordLogin:
         hasher: PasswordHasher,
         challenge: BotChallenge,
         tokens: SessionTokens,
-        audit: SessionAudit,
+        audit: IdentityAudit,
         clock: Clock,
         random: RandomSource,
         settings: AuthSettings,
@@ -86,18 +86,18 @@ class PasswordLogin:
             metadata["captcha_bypassed"] = True
         refused = await self._challenge.check(turnstile_token, context)
         if refused is not None:
-            await self._audit.login_failed(None, context, refused.code, metadata)
+            await self._login_failed(None, context, refused.code, metadata)
             return refused
         credentials = _credentials(email, password)
         if isinstance(credentials, Rejected):
-            await self._audit.login_failed(None, context, "invalid request", metadata)
+            await self._login_failed(None, context, "invalid request", metadata)
             return credentials
         user = await self._check_password(*credentials, context, metadata)
         if isinstance(user, Rejected):
             return user
         session, tokens = await self._open_session(user, context)
         await self._audit.record(
-            AuditAction.LOGIN, context, user.id, True, session_id=session.id, metadata=metadata
+            AuditAction.LOGIN, context, user.id, resource=("session", session.id), metadata=metadata
         )
         return LoginResult(user, session, tokens)
 
@@ -111,20 +111,27 @@ class PasswordLogin:
         metadata: dict[str, Any] = {"method": "password_grant"}
         credentials = _credentials(username, password)
         if isinstance(credentials, Rejected):
-            await self._audit.login_failed(None, context, "invalid request", metadata)
+            await self._login_failed(None, context, "invalid request", metadata)
             return credentials
         limited = await self._grant_limited(credentials[0], context)
         if limited is not None:
-            await self._audit.login_failed(None, context, "rate limited", metadata)
+            await self._login_failed(None, context, "rate limited", metadata)
             return limited
         user = await self._check_password(*credentials, context, metadata)
         if isinstance(user, Rejected):
             return user
         session, tokens = await self._open_session(user, context)
         await self._audit.record(
-            AuditAction.LOGIN, context, user.id, True, session_id=session.id, metadata=metadata
+            AuditAction.LOGIN, context, user.id, resource=("session", session.id), metadata=metadata
         )
         return tokens
+
+    async def _login_failed(
+        self, user_id: str | None, context: RequestContext, reason: str, metadata: dict[str, Any]
+    ) -> None:
+        """Audits a refused login or password grant (``user_id`` None when no user was
+        found)."""
+        await self._audit.record(AuditAction.LOGIN, context, user_id, reason, metadata=metadata)
 
     async def _grant_limited(self, email: str, context: RequestContext) -> Rejected | None:
         if self._limiter is None:
@@ -167,13 +174,13 @@ class PasswordLogin:
         user = await self._users.by_email(email)
         if user is None:
             await self._hasher.verify_dummy(password)
-            await self._audit.login_failed(None, context, "unknown user", metadata)
+            await self._login_failed(None, context, "unknown user", metadata)
             return INVALID_CREDENTIALS
         if not await self._hasher.verify(user.password_hash, password):
-            await self._audit.login_failed(user.id, context, "wrong password", metadata)
+            await self._login_failed(user.id, context, "wrong password", metadata)
             return INVALID_CREDENTIALS
         if user.disabled:
-            await self._audit.login_failed(user.id, context, "user disabled", metadata)
+            await self._login_failed(user.id, context, "user disabled", metadata)
             return USER_DISABLED
         return user
 

@@ -7,7 +7,7 @@ and mails only when the account exists, in the background, at most once per user
 link carries a single-use token, stored only as its digest. A reset replaces the password,
 drops every outstanding reset token of the user and ends every session.
 
-Each call leaves one audit entry (``UserAudit``); none holds a password or a reset token. An
+Each call leaves one audit entry (``IdentityAudit``); none holds a password or a reset token. An
 unreachable store is 503.
 """
 
@@ -26,8 +26,7 @@ from tradecore.ports.protection import AlertThrottle
 from tradecore.ports.repositories import SessionRepository, UserRepository
 from tradecore.ports.resets import PasswordResetTokens
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.audit.events import SecurityEvents
-from tradecore.services.identity.user_audit import UserAudit
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.vocabulary import Rejected, bad_request, refuses_outages
 from tradecore.sessions import hash_token, normalize_email, validate_password
 
@@ -97,7 +96,7 @@ class PasswordReset:
         resets: PasswordResetTokens,
         hasher: PasswordHasher,
         mailer: Mailer,
-        events: SecurityEvents,
+        audit: IdentityAudit,
         clock: Clock,
         random: RandomSource,
         settings: ResetSettings | None = None,
@@ -109,7 +108,7 @@ class PasswordReset:
         self._resets = resets
         self._hasher = hasher
         self._mailer = mailer
-        self._audit = UserAudit(events)
+        self._audit = audit
         self._clock = clock
         self._random = random
         self._settings = settings or ResetSettings()

@@ -3,7 +3,7 @@
 Registration reveals a taken e-mail (409): without e-mail verification a fake success is
 exposed by the next login anyway, and the endpoint sits behind the bot challenge and the
 edge's login rate limit. A new user is on the free plan and has not accepted the terms yet.
-Each call leaves one audit entry (``UserAudit``); none holds a password. An unreachable store
+Each call leaves one audit entry (``IdentityAudit``); none holds a password. An unreachable store
 is 503.
 """
 
@@ -16,9 +16,8 @@ from tradecore.identity import Plan, User
 from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.repositories import UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
-from tradecore.services.identity.user_audit import UserAudit
 from tradecore.services.vocabulary import (
     CONFLICT,
     NOT_FOUND,
@@ -44,7 +43,7 @@ class Registration:
         users: UserRepository,
         hasher: PasswordHasher,
         challenge: BotChallenge,
-        events: SecurityEvents,
+        audit: IdentityAudit,
         clock: Clock,
         random: RandomSource,
         *,
@@ -53,7 +52,7 @@ class Registration:
         self._users = users
         self._hasher = hasher
         self._challenge = challenge
-        self._audit = UserAudit(events)
+        self._audit = audit
         self._clock = clock
         self._random = random
         self._terms_version = terms_version

@@ -14,8 +14,8 @@ from datetime import timedelta
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.ports.repositories import SessionRepository, UserRepository
 from tradecore.ports.runtime import Clock
+from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.refusals import INVALID_REFRESH, USER_DISABLED
-from tradecore.services.identity.session_audit import SessionAudit
 from tradecore.services.identity.session_tokens import IssuedTokens, SessionTokens
 from tradecore.services.vocabulary import Principal, Rejected, refuses_outages
 from tradecore.sessions import RefreshOutcome, TokenClaims, TokenType, decide_refresh, hash_token
@@ -29,7 +29,7 @@ class SessionLifetime:
         users: UserRepository,
         sessions: SessionRepository,
         tokens: SessionTokens,
-        audit: SessionAudit,
+        audit: IdentityAudit,
         clock: Clock,
     ) -> None:
         self._users = users
@@ -49,9 +49,7 @@ class SessionLifetime:
         for a disabled user; 503 store down."""
         claims = self._tokens.read(refresh_token, TokenType.REFRESH)
         if claims is None:
-            await self._audit.record(
-                AuditAction.TOKEN_REFRESH, context, None, False, "invalid token"
-            )
+            await self._audit.record(AuditAction.TOKEN_REFRESH, context, None, "invalid token")
             return INVALID_REFRESH
         session = await self._sessions.get(claims.sid)
         if session is not None and session.user_id != claims.sub:
@@ -81,7 +79,7 @@ class SessionLifetime:
             # Another request rotated this token first: it was presented twice.
             return await self._reuse_detected(claims, context)
         await self._audit.record(
-            AuditAction.TOKEN_REFRESH, context, user.id, True, session_id=claims.sid
+            AuditAction.TOKEN_REFRESH, context, user.id, resource=("session", claims.sid)
         )
         return tokens
 
@@ -90,7 +88,7 @@ class SessionLifetime:
     ) -> Rejected:
         """``refusal``, after auditing the failed refresh of the token's session."""
         await self._audit.record(
-            AuditAction.TOKEN_REFRESH, context, claims.sub, False, reason, session_id=claims.sid
+            AuditAction.TOKEN_REFRESH, context, claims.sub, reason, resource=("session", claims.sid)
         )
         return refusal
 
@@ -100,9 +98,8 @@ class SessionLifetime:
             AuditAction.REFRESH_TOKEN_REUSE,
             context,
             claims.sub,
-            False,
             "refresh token reused; session revoked",
-            session_id=claims.sid,
+            resource=("session", claims.sid),
         )
         return INVALID_REFRESH
 
@@ -112,12 +109,15 @@ class SessionLifetime:
         audited as a failed logout. May raise StoreUnavailable."""
         if principal.session is None:
             await self._audit.record(
-                AuditAction.LOGOUT, context, principal.user_id, False, "no browser session"
+                AuditAction.LOGOUT, context, principal.user_id, "no browser session"
             )
             return
         await self._sessions.deactivate(principal.session.id, self._clock.now())
         await self._audit.record(
-            AuditAction.LOGOUT, context, principal.user_id, True, session_id=principal.session.id
+            AuditAction.LOGOUT,
+            context,
+            principal.user_id,
+            resource=("session", principal.session.id),
         )
 
     async def revoke_all_sessions(self, user_id: str, context: RequestContext) -> int:
@@ -128,7 +128,6 @@ class SessionLifetime:
             AuditAction.SESSION_REVOKED,
             context,
             user_id,
-            True,
             metadata={"sessions_revoked": revoked},
         )
         return revoked

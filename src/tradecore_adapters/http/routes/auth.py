@@ -97,7 +97,7 @@ def _user_body(request: web.Request, user: User) -> dict[str, Any]:
 @routes.post("/auth/login")
 async def login(request: web.Request) -> web.Response:
     body = await _json(request, AuditAction.LOGIN)
-    outcome = await request.app[SERVICES].auth.login(
+    outcome = await request.app[SERVICES].password_login.login(
         body.get("email"),
         body.get("password"),
         body.get("turnstile_token"),
@@ -151,11 +151,12 @@ async def token(request: web.Request) -> web.Response:
     grant = fields.get("grant_type")
     outcome: IssuedTokens | Rejected
     if grant == "password":
-        outcome = await services.auth.password_grant(
+        outcome = await services.password_login.password_grant(
             fields.get("username"), fields.get("password"), context
         )
     elif grant == "refresh_token":
-        outcome = await services.auth.refresh(fields.get("refresh_token") or None, context)
+        refresh_token = fields.get("refresh_token") or None
+        outcome = await services.session_lifetime.refresh(refresh_token, context)
     else:
         raise await audit_refusal(
             request,
@@ -197,7 +198,7 @@ async def silent_refresh(request: web.Request) -> web.Response:
     """A new access token and a rotated refresh token (both cookies), and the session's CSRF
     token again so a new browser tab can pick it up."""
     services = request.app[SERVICES]
-    outcome = await services.auth.refresh(
+    outcome = await services.session_lifetime.refresh(
         request.cookies.get(REFRESH_COOKIE) or None, request_context(request)
     )
     if isinstance(outcome, Rejected):
@@ -205,7 +206,7 @@ async def silent_refresh(request: web.Request) -> web.Response:
         if outcome.status == 401:
             clear_session_cookies(request, response)
         return response
-    principal = await services.auth.authenticate(outcome.access_token, None)
+    principal = await services.authentication.authenticate(outcome.access_token, None)
     csrf_token = (
         principal.session.csrf_token
         if isinstance(principal, Principal) and principal.session is not None
@@ -225,7 +226,7 @@ async def silent_refresh(request: web.Request) -> web.Response:
 @routes.post("/auth/logout")
 async def logout(request: web.Request) -> web.Response:
     principal = await authenticate(request)
-    await request.app[SERVICES].auth.logout(principal, request_context(request))
+    await request.app[SERVICES].session_lifetime.logout(principal, request_context(request))
     response = web.Response(status=204)
     clear_session_cookies(request, response)
     return response

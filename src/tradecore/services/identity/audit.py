@@ -1,6 +1,6 @@
-"""The audit entries of a user's own account flows: registration, password reset, terms,
-API keys and allowed IPs. Each call of those flows leaves one entry, refusals included; no
-entry holds a password, a key or a reset token."""
+"""The audit entries of the identity flows: login, refresh, logout and revocation of sessions,
+registration and terms, password reset, API keys and allowed IPs. No entry holds a password,
+a token, a key or a reset token."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from tradecore.audit import AuditAction, RequestContext
 from tradecore.services.audit.events import SecurityEvents
 
 
-class UserAudit:
-    """Writes those entries through ``SecurityEvents``."""
+class IdentityAudit:
+    """Writes the identity flows' entries through ``SecurityEvents``."""
 
     def __init__(self, events: SecurityEvents) -> None:
         self._events = events
@@ -27,7 +27,8 @@ class UserAudit:
         resource: tuple[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        """One entry; ``error`` None means success; ``resource`` is (type, id). May raise
+        """One entry; ``error`` None means success, anything else is the refusal's reason;
+        ``resource`` is (type, id), e.g. ``("session", session.id)``. May raise
         StoreUnavailable."""
         await self._events.record(
             action,
