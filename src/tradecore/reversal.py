@@ -3,20 +3,18 @@
 ``plan(position, instruction, quantity)`` turns a signed position and a worker instruction into
 the broker orders to send (specification, "Auto-reversal for entries"):
 
-* entry, no opposite position held: one ENTRY of ``quantity`` (added on top of a same-direction
-  position, never replacing it);
-* entry, opposite position held: a reduce-only CLOSE of the whole opposite position (buy to
-  cover a short, sell a long), then the ENTRY of ``quantity``;
-* exit (PLACE_EXIT_ORDER): one reduce-only EXIT of ``min(quantity, held)`` on that side;
-  nothing held on that side is nothing to do;
+* entry, no opposite position held: one ENTRY of ``quantity``, on top of any same-direction
+  position;
+* entry, opposite position held: a reduce-only CLOSE of the whole opposite position, then the
+  ENTRY of ``quantity``;
+* exit (PLACE_EXIT_ORDER): one reduce-only EXIT of ``min(quantity, held)`` on that side, or
+  nothing when nothing is held there;
 * close (CLOSE_POSITION): one reduce-only EXIT of the whole position on that side, if any.
 
-``execute`` sends a plan through the Broker port, one step at a time, each with the client
-order id ``client_order_id(order_id, step)``: re-executing the same plan after a crash returns
-the orders the broker already has instead of placing new ones (``fresh`` passes the caller's
-guarantee that no step of the plan was placed before, see ``Broker.place_order``). After a
-CLOSE it polls the close's fill REVERSAL_POLLS times, REVERSAL_POLL_INTERVAL_S apart; a close
-that has not filled by then aborts with ``reversal_timeout`` and the entry is never placed.
+``execute`` sends a plan through the Broker port one step at a time, each under
+``client_order_id(order_id, step)``. After a CLOSE it polls the close's fill REVERSAL_POLLS
+times, REVERSAL_POLL_INTERVAL_S apart; a close not filled by then aborts with
+``reversal_timeout`` and the entry is never placed.
 """
 
 from __future__ import annotations
@@ -100,10 +98,9 @@ def held(position: Decimal, direction: Direction) -> Decimal:
 
 
 def plan(position: Decimal, instruction: Instruction, quantity: Decimal) -> ExecutionPlan:
-    """The broker steps that carry out ``instruction`` from ``position`` (see the module doc).
-
-    ``quantity`` must be positive and finite for entries and exits; a close ignores it.
-    """
+    """The broker steps that carry out ``instruction`` from ``position`` (see the module doc);
+    ``quantity`` must be positive and finite for entries and exits (ValueError), a close
+    ignores it."""
     operation = instruction.operation
     steps: list[BrokerStep] = []
     if operation is Operation.PLACE_ENTRY_ORDER:

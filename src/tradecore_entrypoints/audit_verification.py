@@ -1,5 +1,5 @@
 """``tradecore admin verify-audit``: walk the sealed audit chain and name the first entry that
-does not hold (see docs/security.md, "Verifying the audit chain")."""
+does not hold (see docs/security.md, "The audit chain")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``tradecore`` command line (contract.md lists the commands).
+"""The ``tradecore`` command line (docs/api.md lists the commands).
 
 Every command that reads configuration exits with status 2 and a one-line reason on stderr
 when it is bad (``tradecore: JWT_SECRET must be at least 32 bytes``).

@@ -1,14 +1,13 @@
 """The paper broker: a simulated exchange and the ``Broker`` connections to it.
 
 ``PaperExchange`` holds the shared state (catalogue, prices, one book per account, scripted
-behaviour) and ``PaperBroker`` is one account's connection, implementing
-``tradecore.ports.broker.Broker``. Orders are market orders filled at the instrument's current price
-(its reference price until ``set_price``). Checks, in order: a known client order id returns
-the recorded order; the next scripted step (``script``) may refuse it; unknown symbol
-(``invalid_symbol``); hedge position mode (``position_mode_mismatch``); market hours
-(``market_closed``, the message carries the hours); a reduce-only order is capped at what is
-held against it (cancelled when nothing is); the opening part must fit the available balance
-(``insufficient_margin``).
+behaviour); ``PaperBroker`` is one account's connection (``tradecore.ports.broker.Broker``).
+Orders are market orders filled at the instrument's current price (its reference price until
+``set_price``). Checks, in order: a known client order id returns the recorded order; the next
+scripted step (``script``) may refuse it; unknown symbol (``invalid_symbol``); hedge position
+mode (``position_mode_mismatch``); market hours (``market_closed``, the message carries the
+hours); a reduce-only order is capped at what is held against it (cancelled when nothing is);
+the opening part must fit the available balance (``insufficient_margin``).
 
 The exchange's state is JSON-compatible through ``snapshot`` and ``restore``; connections and
 scheduled disconnects are not part of it (a restart drops them anyway).

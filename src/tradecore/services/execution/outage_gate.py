@@ -1,24 +1,23 @@
 """The outage gate: how a host's per-user workers wait out a store outage together.
 
-A host runs thousands of workers, and an outage reaches them all at once (every idle worker's
-take fails when Redis goes away), so they do not retry each on its own: the host has one
-outage gate, and each worker's store calls go through it (``OutageGate.outlast``). The first
-call to fail (``StoreUnavailable``) while the gate is closed opens it and its worker becomes
-the prober, the only one that calls the store again, on a backoff (``OUTAGE_BACKOFF_S``
-doubling up to ``OUTAGE_BACKOFF_MAX_S``); its ``probing`` flag is set meanwhile, so a take it
-probes with does not wait for a request and the gate closes as soon as the store answers.
-Every other call that fails while the gate is open waits, calling nothing; its lease is
-checked on the backoff schedule meanwhile and it stops (``LeaseGone``) once the lease is gone.
-When the prober's call goes through, the gate closes and the waiting workers call again,
-first come first, in at most ``RESUME_BATCHES`` batches ``RESUME_INTERVAL_S`` apart, not all
-at once. When the prober stops first (its lease lost, its task cancelled, an error), the
-longest waiter still holding its lease probes in its place; with none left, the gate closes
-and the next call to fail opens it again. A call does not look at the gate before it is made:
-only calls that failed wait, so a failure that concerns one user or one store (a database
-outage while Redis serves the idle workers' takes) stalls no worker whose calls go through.
+Each worker's store calls go through the host's one gate (``OutageGate.outlast``). The first
+call to fail (``StoreUnavailable``) while the gate is closed opens it, and its worker becomes
+the prober: the only one that calls the store again, on a backoff (``OUTAGE_BACKOFF_S``
+doubling up to ``OUTAGE_BACKOFF_MAX_S``), with its ``probing`` flag set (a take it probes with
+does not wait for a request). Every other call that fails while the gate is open waits,
+calling nothing, its lease checked on the backoff schedule; it stops (``LeaseGone``) once the
+lease is gone. When the prober's call goes through the gate closes, and the waiting workers
+call again, first come first, in at most ``RESUME_BATCHES`` batches ``RESUME_INTERVAL_S``
+apart. When the prober stops first (its lease lost, its task cancelled, an error), the longest
+waiter still holding its lease probes in its place; with none left, the gate closes and the
+next call to fail opens it again. Only calls that failed wait: a call never looks at the gate
+before it is made.
+
 The gate logs a warning when it opens, an info line when it closes (how long, how many
 workers waited), a warning for the first worker that lost its lease during the outage, and
 every other per-worker line at debug.
+
+Why one gate per host: see docs/decisions.md, "Worker hosts through a store outage".
 """
 
 from __future__ import annotations

@@ -1,47 +1,27 @@
 """A worker host: runs the per-user workers of this process.
 
-Several hosts share the users. A host consumes start requests from worker-control and, for
-each, takes the user's lease under its own holder name (``worker_leases``:
-the lease, the heartbeat that renews it, what a lost lease means). If another holder has the
-lease, that holder serves the user and this host lets the start request go. Otherwise one
-task of this host serves the user: it recovers the requests a crashed worker left in flight,
-executes the user's requests in order, and retires after the idle timeout (12 h by default) -
-but only when no request is waiting, atomically, so no request is stranded. A host that dies
-stops renewing; its leases run out and its users are started elsewhere at their next request.
+Several hosts share the users. For each start request from worker-control the host takes the
+user's lease under its own holder name (``worker_leases``); when another holder has it, that
+holder serves the user and the start request is let go. Otherwise one task of this host serves
+the user: it recovers the requests a crashed worker left in flight, executes the user's
+requests in order, and retires after the idle timeout (12 h by default), atomically and only
+while no request waits, so none is stranded. Every ``sweep_s`` the host starts the users whose
+requests wait with no lease (their host died).
 
-A store outage (``StoreUnavailable``: the database, or the key-value store) while a request
-is executed or completed is survived in place: the request stays in flight, never completed
-with a wrong result, and after a backoff (``OUTAGE_BACKOFF_S`` doubling up to
-``OUTAGE_BACKOFF_MAX_S``) the worker executes the same request again - safe because execution
-is idempotent (see ``worker_leases``); a retry sends its broker orders as ``fresh`` only when
-that attempt itself won the claim - or, once it has the result, only publishes it again. An
-order that waited past its ``expires_at`` meanwhile is expired, unless it was claimed before:
-that one is reconciled. The worker makes no renewal of its own while it retries: its lease
-lives as long as the host's heartbeat keeps it. Before each retry it stops, leaving the
-request in flight for the next holder, when the heartbeat found the lease lost or has not
-renewed it for a whole time to live.
+A store outage (``StoreUnavailable``) never completes a request with a wrong result. Every
+store call of a worker (taking, renewing or retiring its lease, listing its requests in
+flight, taking a request, executing and completing one) goes through the host's one
+``OutageGate`` and is retried there; a request being executed stays in flight and is executed
+again (once it has a result, only the result is published again). After an interrupted take
+the worker executes what its in-flight list holds before it takes another request. A worker
+whose lease is lost or lapsed meanwhile (``LeaseGone``) stops, releasing nothing and leaving
+its requests for the next holder. The control loop (sweep, heartbeat, start requests) is not
+behind the gate: it backs off on its own (``OUTAGE_BACKOFF_S`` doubling up to
+``OUTAGE_BACKOFF_MAX_S``) and logs the outage once.
 
-A worker meets a key-value store outage elsewhere in its loop too: taking its lease, listing
-the requests left in flight, taking the next request, renewing or retiring its lease. Each
-such call is retried in place in the same way, under the same rule: before each retry the
-worker makes sure it keeps its lease (the heartbeat has not found it lost, and a renewal, the
-heartbeat's or its own, went through less than a time to live ago); once the lease is lost or
-lapsed it stops, releasing nothing and leaving its requests in Redis for the next holder
-(before its lease is taken there is nothing to lose: it tries until the store is back). A
-take whose answer was lost may have moved a request to the in-flight list, so after an
-interrupted take the worker executes what that list holds before it takes another request.
+Fill checks for a user go through this host's worker for the user, serialized with its orders.
 
-A host runs thousands of workers, and an outage reaches them all at once, so they do not
-retry each on its own: every such call goes through the host's one outage gate
-(``OutageGate``, see ``outage_gate``): one worker, the prober, calls the
-store again on the backoff above (a take it probes with does not wait for a request) while the
-others wait, calling nothing, their leases checked, and resume in batches once it is back. A
-worker in the middle of an order waits the same way and completes it once, as above. The
-host's control loop (sweep, heartbeat, start requests) is not behind the gate: it backs off
-through an outage on its own and logs it once.
-
-Fill checks for a user go through this host's worker object for the user, serialized with
-its orders.
+Why: see docs/decisions.md, "Worker hosts through a store outage".
 """
 
 from __future__ import annotations

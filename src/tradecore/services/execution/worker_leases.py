@@ -1,27 +1,17 @@
 """The leases of a worker host's workers: taking, renewing and the heartbeat's schedule.
 
 A worker serves its user under the user's lease (the ``worker:active:{user_id}`` mark with a
-fencing token, see ``WorkerDirectory``), taken under its host's holder name.
-
-Leases are kept alive by the host's heartbeat: the worker-control loop renews, in one batch
-(``renew_many``), every lease of the host last renewed a sixth of its time to live ago or
-more, so an idle worker costs no round trip of its own and may wait long between looks at
-its request list (a push wakes it at once). A worker whose lease was not renewed in a third
-of its time to live (no control loop runs, or it stalled) renews it itself before taking a
-request.
-
-The lease is checked before every request is taken: once a renewal says the lease is lost (a
-stalled heartbeat let it expire, and maybe another host took it), the worker finishes the
-request in hand and never starts another; a start request for the user meanwhile starts a
-new worker at once. A lost lease can still leave a stale worker
-running one request next to its successor (the one in hand, which the successor also finds
-in flight); that is harmless, because execution is idempotent: the order-history row moves
-only by compare-and-set transitions (``queued -> submitted -> <outcome>``), so only one
-worker's outcome is recorded, and each broker order carries a client order id derived from
-the order-history id, so the broker returns the order it already has instead of placing a
-second one. The fencing token therefore does not guard writes; it names the lease in the
-log lines and makes sure a stale worker can neither renew, release nor retire its
+fencing token, see ``WorkerDirectory``), taken under its host's holder name. The host's
+heartbeat renews, in one batch (``renew_many``), every lease of the host last renewed a sixth
+of its time to live ago or more; a worker whose lease was not renewed for a third of its time
+to live (the heartbeat stalled) renews it itself before taking a request. The lease is checked
+before every request is taken: once a renewal says it is lost, the worker finishes the request
+in hand and never starts another. The fencing token does not guard writes: it names the lease
+in the log lines and keeps a stale worker from renewing, releasing or retiring its
 successor's lease.
+
+Why a stale worker is harmless, and why the heartbeat batches: see docs/decisions.md,
+"Production runtime".
 """
 
 from __future__ import annotations
