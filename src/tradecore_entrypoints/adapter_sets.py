@@ -91,13 +91,16 @@ from tradecore_adapters.redis import (
 )
 from tradecore_entrypoints.connections import Connections, closed_with, host_identity
 from tradecore_entrypoints.settings import Settings
-from tradecore_entrypoints.system import Stores
+from tradecore_entrypoints.system import FillPolling, Stores
 
 EMBEDDED_HOLDER = "embedded"
 """The in-process host is the only one of its in-process directory: a fixed name is unique."""
-MEMORY_FILL_WAIT_S = 0.2
-REDIS_FILL_WAIT_S = 5.0
-"""How long one fill-verifier receive waits; a due check or a wake-up ends it sooner."""
+FILL_POLLING_MEMORY = FillPolling(wait_s=0.0, idle_s=0.2)
+"""In process, a receive only looks at the heap and the loop looks again after 0.2 s of
+nothing: waiting in the receive would wake the loop at every placement, whose check is not
+due for 2-3 s."""
+FILL_POLLING_REDIS = FillPolling(wait_s=5.0, idle_s=0.0)
+"""On Redis a receive waits for the next due check or a wake-up, up to 5 s."""
 
 
 def port(kind: Any) -> providers.Dependency[Any]:
@@ -141,7 +144,7 @@ class AdapterSet(containers.DeclarativeContainer):
     instruments: providers.Provider[InstrumentDirectory] = port(InstrumentDirectory)
     worker_holder: providers.Provider[str] = port(str)
     in_process_workers: providers.Provider[bool] = port(bool)
-    fill_wait_s: providers.Provider[float] = port(float)
+    fill_polling: providers.Provider[FillPolling] = port(FillPolling)
 
 
 def _memory_queue(clock: Clock, directory: MemoryWorkerDirectory) -> MemoryOrderQueue:
@@ -180,7 +183,7 @@ class MemoryAdapters(AdapterSet):
     instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Object(EMBEDDED_HOLDER)
     in_process_workers = providers.Object(True)
-    fill_wait_s = providers.Object(MEMORY_FILL_WAIT_S)
+    fill_polling = providers.Object(FILL_POLLING_MEMORY)
 
 
 class PostgresRedisAdapters(AdapterSet):
@@ -239,7 +242,7 @@ class PostgresRedisAdapters(AdapterSet):
     instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Singleton(host_identity)
     in_process_workers = providers.Object(False)
-    fill_wait_s = providers.Object(REDIS_FILL_WAIT_S)
+    fill_polling = providers.Object(FILL_POLLING_REDIS)
 
 
 def make_mailer(settings: Settings, outbox: LoggingOutbox) -> Mailer:

@@ -61,6 +61,15 @@ class Stores(Protocol):
         """Release every connection; the set is not used again."""
 
 
+@attrs.frozen
+class FillPolling:
+    """How the fill-verifier loop asks for work: each receive waits up to ``wait_s``; after
+    one that brought nothing the loop pauses ``idle_s`` before the next."""
+
+    wait_s: float
+    idle_s: float
+
+
 @attrs.define
 class System:
     """The parts of one process, by name, typed by their ports (tests of the memory set also
@@ -96,7 +105,7 @@ class System:
     host: WorkerHost
     verifier: FillVerifier
     in_process_workers: bool
-    fill_wait_s: float
+    fill_polling: FillPolling
     drains: Sequence[Callable[[], Awaitable[None]]] = ()
     """Mail still being sent when the process stops (alerts, reset mails), awaited on stop."""
     _workers_started: bool = False
@@ -143,7 +152,8 @@ class System:
     async def _verify_forever(self) -> None:
         while True:
             try:
-                await self.verifier.run_once(self.fill_wait_s)
+                if await self.verifier.run_once(self.fill_polling.wait_s) is None:
+                    await asyncio.sleep(self.fill_polling.idle_s)
             except asyncio.CancelledError:
                 raise
             except Exception:

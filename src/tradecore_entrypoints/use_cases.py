@@ -240,7 +240,7 @@ class UseCases(containers.DeclarativeContainer):
         host=host,
         verifier=verifier,
         in_process_workers=adapters.in_process_workers,
-        fill_wait_s=adapters.fill_wait_s,
+        fill_polling=adapters.fill_polling,
         drains=providers.List(password_reset.provided.drain),
     )
     http = providers.Singleton(
