@@ -91,17 +91,26 @@ class ChainBreak:
     detail: str
 
 
+def entry_break(previous: str, stored: SealedEntry) -> ChainBreak | None:
+    """None when ``stored``, which must follow the entry sealed ``previous``, holds; else how
+    it breaks the chain."""
+    if stored.previous != previous:
+        return ChainBreak(
+            stored.id,
+            BreakKind.UNLINKED,
+            "does not follow the previous entry: an entry before it was removed or moved",
+        )
+    if seal(stored.previous, stored.entry) != stored.seal:
+        return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
+    return None
+
+
 def first_break(entries: Iterable[SealedEntry]) -> ChainBreak | None:
     """Walk sealed entries in chain order; None when the whole chain holds."""
     expected_previous = GENESIS
     for stored in entries:
-        if stored.previous != expected_previous:
-            return ChainBreak(
-                stored.id,
-                BreakKind.UNLINKED,
-                "does not follow the previous entry: an entry before it was removed or moved",
-            )
-        if seal(stored.previous, stored.entry) != stored.seal:
-            return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
+        broken = entry_break(expected_previous, stored)
+        if broken is not None:
+            return broken
         expected_previous = stored.seal
     return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tradecore.audit_chain import GENESIS, BreakKind, ChainBreak, SealedEntry, seal
+from tradecore.audit_chain import GENESIS, entry_break
 from tradecore.ports.repositories import AuditLog
 from tradecore_adapters.postgres import PostgresAuditLog, open_pool
 
@@ -16,19 +16,6 @@ VERIFY_STATEMENT_TIMEOUT_S = 60.0
 def is_seal(text: str) -> bool:
     """Whether ``text`` has the form of a seal: 64 lowercase hexadecimal characters."""
     return len(text) == len(GENESIS) and all(c in "0123456789abcdef" for c in text)
-
-
-def _chain_break(previous: str, stored: SealedEntry) -> ChainBreak | None:
-    """``first_break`` for one entry that must follow the seal ``previous``."""
-    if stored.previous != previous:
-        return ChainBreak(
-            stored.id,
-            BreakKind.UNLINKED,
-            "does not follow the previous entry: an entry before it was removed or moved",
-        )
-    if seal(stored.previous, stored.entry) != stored.seal:
-        return ChainBreak(stored.id, BreakKind.ALTERED, "content differs from its seal")
-    return None
 
 
 async def verify_audit_chain(
@@ -44,7 +31,7 @@ async def verify_audit_chain(
     seen = expect_head is None or expect_head == GENESIS
     while entries := await audit.chain(after_id=after, limit=batch):
         for stored in entries:
-            broken = _chain_break(previous, stored)
+            broken = entry_break(previous, stored)
             if broken is not None:
                 return {
                     "ok": False,
