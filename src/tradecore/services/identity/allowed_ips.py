@@ -55,9 +55,9 @@ class AllowedIps:
         403 for an API-key principal."""
         action = AuditAction.ALLOWED_IP_ADDED
         record = self._audit.record
-        if not principal.has_browser_session:
-            await record(action, context, principal.user_id, "browser session required")
-            return BROWSER_SESSION_REQUIRED
+        refusal = await self._audit.browser_session_required(principal, action, context)
+        if refusal is not None:
+            return refusal
         entry = parse_allowed_entry(text)
         if entry is None:
             await record(action, context, principal.user_id, "invalid address")
@@ -101,9 +101,9 @@ class AllowedIps:
         an API-key principal. Removing the last entry lifts the restriction."""
         action = AuditAction.ALLOWED_IP_REMOVED
         record = self._audit.record
-        if not principal.has_browser_session:
-            await record(action, context, principal.user_id, "browser session required")
-            return BROWSER_SESSION_REQUIRED
+        refusal = await self._audit.browser_session_required(principal, action, context)
+        if refusal is not None:
+            return refusal
         if not isinstance(entry_id, str) or not entry_id:
             await record(action, context, principal.user_id, "not found")
             return NOT_FOUND

@@ -59,9 +59,9 @@ class ApiKeys:
         user already has ``max_keys`` usable keys."""
         action = AuditAction.API_KEY_CREATED
         record = self._audit.record
-        if not principal.has_browser_session:
-            await record(action, context, principal.user_id, "browser session required")
-            return BROWSER_SESSION_REQUIRED
+        refusal = await self._audit.browser_session_required(principal, action, context)
+        if refusal is not None:
+            return refusal
         now = self._clock.now()
         clean_name = _clean_name(name)
         if clean_name is None:
@@ -117,9 +117,9 @@ class ApiKeys:
         user has no such unrevoked key, 403 for an API-key principal."""
         action = AuditAction.API_KEY_REVOKED
         record = self._audit.record
-        if not principal.has_browser_session:
-            await record(action, context, principal.user_id, "browser session required")
-            return BROWSER_SESSION_REQUIRED
+        refusal = await self._audit.browser_session_required(principal, action, context)
+        if refusal is not None:
+            return refusal
         if not isinstance(key_id, str) or not key_id:
             await record(action, context, principal.user_id, "not found")
             return NOT_FOUND

@@ -9,6 +9,7 @@ from typing import Any
 
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.vocabulary import BROWSER_SESSION_REQUIRED, Principal, Rejected
 
 
 class IdentityAudit:
@@ -40,3 +41,13 @@ class IdentityAudit:
             resource_id=None if resource is None else resource[1],
             metadata=metadata,
         )
+
+    async def browser_session_required(
+        self, principal: Principal, action: AuditAction, context: RequestContext
+    ) -> Rejected | None:
+        """None for a browser session; for an API key (which may not manage credentials) the
+        403 refusal, with its entry written. May raise StoreUnavailable."""
+        if principal.has_browser_session:
+            return None
+        await self.record(action, context, principal.user_id, "browser session required")
+        return BROWSER_SESSION_REQUIRED
