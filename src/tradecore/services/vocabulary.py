@@ -36,6 +36,9 @@ UNAVAILABLE = Rejected(503, "unavailable", "Service temporarily unavailable")
 NOT_FOUND = Rejected(404, "not_found", "Not found")
 """No such thing of the caller's: a missing one and another user's get the same answer."""
 
+ACCOUNT_NOT_FOUND = Rejected(404, "not_found", "Trading account not found")
+"""``NOT_FOUND`` for a trading account named by its id (order and account requests alike)."""
+
 CONFLICT = Rejected(
     409, "conflict", "The account was changed by another request at the same time; try again"
 )

@@ -23,10 +23,11 @@ from tradecore.errors import BrokerDisconnected
 from tradecore.ports.crypto import CredentialVerifier, DecryptionFailed
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.services.accounts.credential_vault import CredentialVault
-from tradecore.services.accounts.owned_accounts import LOST_REASONS, NOT_FOUND, OwnedAccounts
+from tradecore.services.accounts.owned_accounts import LOST_REASONS, OwnedAccounts
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.vocabulary import (
+    ACCOUNT_NOT_FOUND,
     BROWSER_SESSION_REQUIRED,
     Principal,
     Rejected,
@@ -146,7 +147,7 @@ class AccountCredentials:
         audit = self._owned.audit
         if await self._owned.own(principal, account.id) is None:
             await audit(action, context, principal.user_id, account.id, "not found")
-            return NOT_FOUND
+            return ACCOUNT_NOT_FOUND
         await audit(action, context, principal.user_id, account.id, "changed concurrently")
         return changed
 

@@ -1,7 +1,7 @@
 """The caller's own trading accounts, as every account use case reads, saves and audits them.
 
-A user sees only their own live accounts: anyone else's is ``NOT_FOUND``, exactly like an id
-that does not exist. Changes are compare-and-set saves of the fields they change
+A user sees only their own live accounts: anyone else's is ``ACCOUNT_NOT_FOUND``, exactly like
+an id that does not exist. Changes are compare-and-set saves of the fields they change
 (``TradingAccountRepository.save``), so concurrent requests never write back each other's
 old values; a save that loses such a race is read again and tried once more.
 """
@@ -16,12 +16,11 @@ from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.services.audit.events import SecurityEvents
-from tradecore.services.vocabulary import CONFLICT, Principal, Rejected
+from tradecore.services.vocabulary import ACCOUNT_NOT_FOUND, CONFLICT, Principal, Rejected
 
-NOT_FOUND = Rejected(404, "not_found", "Trading account not found")
 SAVE_ATTEMPTS = 2
 """A lost compare-and-set is read again and tried once more."""
-LOST_REASONS = {NOT_FOUND: "not found", CONFLICT: "changed concurrently"}
+LOST_REASONS = {ACCOUNT_NOT_FOUND: "not found", CONFLICT: "changed concurrently"}
 """The audit reason of each refusal of ``OwnedAccounts.save_retrying`` itself."""
 
 
@@ -55,13 +54,13 @@ class OwnedAccounts:
         """Save ``change(account)`` as a compare-and-set over ``account`` (also comparing the
         fields named in ``guard``); after a lost race, read the caller's account again and
         apply ``change`` to that, up to SAVE_ATTEMPTS saves in all. The stored account;
-        ``change``'s refusal as is; NOT_FOUND when the account is gone; CONFLICT when every
+        ``change``'s refusal as is; ACCOUNT_NOT_FOUND when the account is gone; CONFLICT when every
         attempt lost its race."""
         for attempt in range(SAVE_ATTEMPTS):
             if attempt:
                 fresh = await self.own(principal, account.id)
                 if fresh is None:
-                    return NOT_FOUND
+                    return ACCOUNT_NOT_FOUND
                 account = fresh
             updated = change(account)
             if isinstance(updated, Rejected):
@@ -101,10 +100,10 @@ class OwnedAccounts:
     async def not_found(
         self, action: AuditAction, context: RequestContext, user_id: str, account_id: object
     ) -> Rejected:
-        """NOT_FOUND for a lookup of ``account_id`` that found none of the caller's, audited.
-        The requested id is recorded when it can be an id at all (it may name another user's
-        account, so it is not recorded as this user's ``trading_account_id``)."""
+        """ACCOUNT_NOT_FOUND for a lookup of ``account_id`` that found none of the caller's,
+        audited. The requested id is recorded when it can be an id at all (it may name another
+        user's account, so it is not recorded as this user's ``trading_account_id``)."""
         wanted = requested_id(account_id)
         requested = {} if wanted is None else {"requested_id": wanted}
         await self.audit(action, context, user_id, None, "not found", metadata=requested)
-        return NOT_FOUND
+        return ACCOUNT_NOT_FOUND

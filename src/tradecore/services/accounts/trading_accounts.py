@@ -36,10 +36,11 @@ from tradecore.ports.broker import InstrumentDirectory
 from tradecore.ports.crypto import DecryptionFailed
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.services.accounts.credential_vault import CredentialVault
-from tradecore.services.accounts.owned_accounts import LOST_REASONS, NOT_FOUND, OwnedAccounts
+from tradecore.services.accounts.owned_accounts import LOST_REASONS, OwnedAccounts
 from tradecore.services.accounts.provisioning import NewAccount, Provisioning
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.vocabulary import (
+    ACCOUNT_NOT_FOUND,
     BROWSER_SESSION_REQUIRED,
     Principal,
     Rejected,
@@ -88,7 +89,7 @@ class TradingAccounts:
     async def get(self, principal: Principal, account_id: object) -> TradingAccount | Rejected:
         """The user's live account ``account_id``; 404 for anyone else's, a deleted or an
         unknown one."""
-        return await self._owned.own(principal, account_id) or NOT_FOUND
+        return await self._owned.own(principal, account_id) or ACCOUNT_NOT_FOUND
 
     # --- creating -----------------------------------------------------------------------
 

@@ -22,10 +22,10 @@ from tradecore.ports.repositories import AllowedIpRepository, TradingAccountRepo
 from tradecore.ports.runtime import Clock
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.orders.dispatch import OrderDispatcher, OrderIntent
-from tradecore.services.orders.order_checks import OrderChecks
+from tradecore.services.orders.order_checks import IP_NOT_ALLOWED, OrderChecks
 from tradecore.services.orders.outcomes import OrderOutcome
 from tradecore.services.orders.settings import OrderSettings
-from tradecore.services.vocabulary import Rejected, refuses_outages
+from tradecore.services.vocabulary import ACCOUNT_NOT_FOUND, Rejected, refuses_outages
 
 
 @attrs.frozen
@@ -75,7 +75,7 @@ class DashboardOrders:
                 success=False,
                 error_message="unknown trading account",
             )
-            return Rejected(404, "not_found", "Trading account not found")
+            return ACCOUNT_NOT_FOUND
         entries = await self._allowed_ips.list_for_user(user.id)
         if entries and not ip_allowed(context.ip_address, [e.ip_address for e in entries]):
             await self._events.record(
@@ -89,7 +89,7 @@ class DashboardOrders:
                 metadata=ip_blocked_metadata(account.id, context.ip_address),
                 account_name=account.name,
             )
-            return Rejected(403, "ip_not_allowed", "Source IP not allowed")
+            return IP_NOT_ALLOWED
 
         async def audit(success: bool, error: str | None, order_id: str | None = None) -> None:
             await self._events.record(

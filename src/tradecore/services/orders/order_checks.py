@@ -22,6 +22,9 @@ from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.webhooks.checks import symbol_allowed
 
+IP_NOT_ALLOWED = Rejected(403, "ip_not_allowed", "Source IP not allowed")
+"""The request came from an address outside the user's allowed-IP list (both order paths)."""
+
 
 class OrderChecks:
     """Runs the additional checks; the first failure decides."""

@@ -41,10 +41,10 @@ from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.orders.dispatch import Duplicate, OrderDispatcher, OrderIntent
-from tradecore.services.orders.order_checks import OrderChecks
+from tradecore.services.orders.order_checks import IP_NOT_ALLOWED, OrderChecks
 from tradecore.services.orders.outcomes import OrderOutcome
 from tradecore.services.orders.settings import OrderSettings
-from tradecore.services.vocabulary import UNAVAILABLE, Rejected
+from tradecore.services.vocabulary import NOT_FOUND, UNAVAILABLE, Rejected
 from tradecore.webhooks.checks import (
     hash_secret,
     replay_fingerprint,
@@ -56,8 +56,6 @@ from tradecore.webhooks.checks import (
 from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 
 log = logging.getLogger(__name__)
-
-NOT_FOUND = Rejected(404, "not_found", "Not found")
 
 
 class WebhookIntake:
@@ -154,7 +152,7 @@ class WebhookIntake:
                 error_message="source IP not in the allowed list",
                 metadata=ip_blocked_metadata(account.id, context.ip_address),
             )
-            return Rejected(403, "ip_not_allowed", "Source IP not allowed")
+            return IP_NOT_ALLOWED
 
         if not simulation:
             assert payload.timestamp is not None  # required for real orders by the parser
