@@ -92,14 +92,7 @@ class PasswordLogin:
         if isinstance(credentials, Rejected):
             await self._login_failed(None, context, "invalid request", metadata)
             return credentials
-        user = await self._check_password(*credentials, context, metadata)
-        if isinstance(user, Rejected):
-            return user
-        session, tokens = await self._open_session(user, context)
-        await self._audit.record(
-            AuditAction.LOGIN, context, user.id, resource=("session", session.id), metadata=metadata
-        )
-        return LoginResult(user, session, tokens)
+        return await self._sign_in(credentials, context, metadata)
 
     @refuses_outages
     async def password_grant(
@@ -117,6 +110,14 @@ class PasswordLogin:
         if limited is not None:
             await self._login_failed(None, context, "rate limited", metadata)
             return limited
+        signed_in = await self._sign_in(credentials, context, metadata)
+        return signed_in if isinstance(signed_in, Rejected) else signed_in.tokens
+
+    async def _sign_in(
+        self, credentials: tuple[str, str], context: RequestContext, metadata: dict[str, Any]
+    ) -> LoginResult | Rejected:
+        """The password check (refusals audited there), then a new session with its tokens
+        and the successful login's entry."""
         user = await self._check_password(*credentials, context, metadata)
         if isinstance(user, Rejected):
             return user
@@ -124,7 +125,7 @@ class PasswordLogin:
         await self._audit.record(
             AuditAction.LOGIN, context, user.id, resource=("session", session.id), metadata=metadata
         )
-        return tokens
+        return LoginResult(user, session, tokens)
 
     async def _login_failed(
         self, user_id: str | None, context: RequestContext, reason: str, metadata: dict[str, Any]
