@@ -97,8 +97,8 @@ EMBEDDED_HOLDER = "embedded"
 """The in-process host is the only one of its in-process directory: a fixed name is unique."""
 FILL_POLLING_MEMORY = FillPolling(wait_s=0.0, idle_s=0.2)
 """In process, a receive only looks at the heap and the loop looks again after 0.2 s of
-nothing: waiting in the receive would wake the loop at every placement, whose check is not
-due for 2-3 s."""
+nothing: a waiting receive wakes far more often (docs/decisions.md, "System, the running
+process")."""
 FILL_POLLING_REDIS = FillPolling(wait_s=5.0, idle_s=0.0)
 """On Redis a receive waits for the next due check or a wake-up, up to 5 s."""
 
