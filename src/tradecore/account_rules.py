@@ -1,5 +1,5 @@
-"""The rules of the trading-account fields a user sets: name, broker, webhook request age,
-allowed symbols and broker credentials, and the shape of an account id.
+"""The rules of the trading-account fields a user sets: name, broker, testnet, webhook request
+age, allowed symbols, symbol aliases and broker credentials, and the shape of an account id.
 
 Pure functions of their arguments. A malformed value raises ``InvalidField``, whose message
 names the rule and is safe to show: it never repeats the value (a credential may be in it).
@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import attrs
 
+from tradecore.instruments import resolve_symbol
 from tradecore.webhooks.canonical import canonical_symbol
 from tradecore.webhooks.payload import SYMBOL_PATTERN
 
@@ -45,6 +46,7 @@ class AccountRules:
     max_request_age: int = attrs.field(default=3600, validator=attrs.validators.gt(0))
     max_allowed_symbols: int = attrs.field(default=500, validator=attrs.validators.gt(0))
     max_accounts: int = attrs.field(default=50, validator=attrs.validators.gt(0))
+    max_symbol_aliases: int = attrs.field(default=200, validator=attrs.validators.gt(0))
 
 
 def account_name(value: object) -> str:
@@ -85,18 +87,51 @@ def symbol_list(value: object, rules: AccountRules) -> list[object]:
     return value
 
 
-def allowed_symbols(items: list[object], listed: frozenset[str]) -> frozenset[str]:
-    """The canonical symbols of ``items``, each a symbol by the webhook's rules and one of
-    ``listed`` (the broker's); empty means every symbol. Checked item by item, in order."""
+def allowed_symbols(
+    items: list[object], listed: frozenset[str], symbol_map: Mapping[str, str]
+) -> frozenset[str]:
+    """The venue ids of ``items`` (each a symbol by the webhook's rules, resolved as a webhook
+    symbol is: ``tradecore.instruments.resolve_symbol`` with the account's ``symbol_map``),
+    each one of ``listed`` (the broker's); empty means every symbol. Checked item by item."""
     wanted: set[str] = set()
     for item in items:
-        symbol = canonical_symbol(item) if isinstance(item, str) else ""
-        if not symbol.isascii() or SYMBOL_PATTERN.fullmatch(symbol) is None:
-            _invalid("allowed_symbols holds something that is not a symbol")
-        if symbol not in listed:
+        symbol = _symbol(item, "allowed_symbols holds something that is not a symbol")
+        resolved = resolve_symbol(symbol, symbol_map)
+        if resolved not in listed:
             _invalid("allowed_symbols holds a symbol the broker does not list")
-        wanted.add(symbol)
+        wanted.add(resolved)
     return frozenset(wanted)
+
+
+def symbol_aliases(value: object, listed: frozenset[str], rules: AccountRules) -> dict[str, str]:
+    """``symbol_map``: a JSON object of at most ``rules.max_symbol_aliases`` entries from a
+    symbol an alert sends (``ES1!``) to one of ``listed`` (the venue's ids); both sides by the
+    webhook's symbol rules, stored canonical (upper case)."""
+    limit = rules.max_symbol_aliases
+    if not isinstance(value, dict) or len(value) > limit:
+        _invalid(f"symbol_map must be an object of at most {limit} aliases")
+    aliases: dict[str, str] = {}
+    for alias, target in value.items():
+        key = _symbol(alias, "symbol_map holds an alias that is not a symbol")
+        venue_id = _symbol(target, "symbol_map maps to something that is not a symbol")
+        if venue_id not in listed:
+            _invalid("symbol_map maps to a symbol the broker does not list")
+        aliases[key] = venue_id
+    return aliases
+
+
+def use_testnet(value: object) -> bool:
+    """``testnet``: a boolean (the venue's test or paper environment when true)."""
+    if not isinstance(value, bool):
+        _invalid("testnet must be true or false")
+    return value
+
+
+def _symbol(value: object, reason: str) -> str:
+    symbol = canonical_symbol(value) if isinstance(value, str) else ""
+    if not symbol.isascii() or SYMBOL_PATTERN.fullmatch(symbol) is None:
+        _invalid(reason)
+    return symbol
 
 
 def credential_fields(value: object) -> dict[str, str]:

@@ -8,6 +8,8 @@ stored only encrypted (``encrypted_credentials``, AES-GCM bound to the account i
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 
@@ -25,6 +27,8 @@ class TradingAccount:
     ``encrypted_credentials`` is the ciphertext of the broker credentials (a JSON object of
     strings) under the ``CredentialCipher`` with the account id as associated data, or None
     when none were given (the paper broker needs none); it never appears in a repr.
+    ``testnet`` selects the venue's test or paper environment. ``symbol_map`` maps symbols
+    the user's alerts send (canonical) to the venue's ids (``tradecore.instruments``).
     """
 
     id: str
@@ -40,3 +44,14 @@ class TradingAccount:
     credentials_verified: bool = False
     deleted: bool = False
     encrypted_credentials: bytes | None = attrs.field(default=None, repr=False)
+    testnet: bool = False
+    symbol_map: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+
+    @property
+    def credentials_ref(self) -> str:
+        """A name for the stored credentials' version: the first 16 hex digits of the
+        ciphertext's SHA-256 (a new upload is a new ciphertext), empty when none are stored.
+        Reveals nothing of the credentials."""
+        if self.encrypted_credentials is None:
+            return ""
+        return hashlib.sha256(self.encrypted_credentials).hexdigest()[:16]

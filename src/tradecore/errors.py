@@ -27,6 +27,12 @@ class BrokerDisconnected(TradecoreError):
     """The broker connection dropped; the worker reconnects (up to 3 retries) and retries."""
 
 
+class CredentialsRejected(TradecoreError):
+    """The broker refused the account's credentials (wrong key, wrong secret, missing
+    permission). The message is the broker's reason, safe to show to the account's owner: it
+    never repeats a credential."""
+
+
 class WorkerStartTimeout(TradecoreError):
     """The user's worker did not become active within the start timeout: 503."""
 

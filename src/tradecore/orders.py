@@ -206,18 +206,24 @@ class RejectionCode(enum.StrEnum):
     REVERSAL_CLOSE_FAILED = "reversal_close_failed"
     BROKER_UNAVAILABLE = "broker_unavailable"
     ORDER_EXPIRED = "order_expired"
+    INVALID_QUANTITY = "invalid_quantity"
+    CREDENTIALS_REJECTED = "credentials_rejected"
+    BROKER_REJECTED = "broker_rejected"
 
 
 @attrs.frozen
 class OrderError:
     """The error carried by an OrderResult: a stable code and a human-readable message.
 
-    ``retry_after`` (seconds) is set for ``broker_rate_limited``.
+    ``retry_after`` (seconds) is set for ``broker_rate_limited``. ``broker_message`` is the
+    venue's own words for a rejection it made (kept beside our code and message so a user can
+    look it up at the venue); None for refusals of our own.
     """
 
     code: RejectionCode
     message: str
     retry_after: float | None = None
+    broker_message: str | None = None
 
 
 @attrs.frozen
@@ -229,6 +235,9 @@ class OrderRequest:
     late the worker may still execute it. ``broker_name`` is the row's ``broker_name`` (the
     broker the worker opens); with it the worker claims the row without reading it first.
     None in payloads queued before the field existed: the worker then reads the row.
+    ``credentials_ref`` is the version of the account's broker credentials the API saw
+    (``TradingAccount.credentials_ref``): a worker whose connection uses older ones opens a
+    new one. None in older payloads and for simulations.
     """
 
     request_id: str
@@ -244,6 +253,7 @@ class OrderRequest:
     created_at: datetime
     expires_at: datetime
     broker_name: str | None = None
+    credentials_ref: str | None = None
 
     @property
     def instruction(self) -> Instruction:

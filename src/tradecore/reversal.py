@@ -303,7 +303,7 @@ class _Execution:
         cid = client_order_id(self.order_id, step)
         for _ in range(REVERSAL_POLLS):
             await self.sleeper.sleep(REVERSAL_POLL_INTERVAL_S)
-            polled = await self.broker.order_status(cid)
+            polled = await self.broker.order_status(cid, self.symbol)
             if polled is None:
                 self.fire(Trigger.STILL_OPEN)
                 continue

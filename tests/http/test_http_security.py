@@ -285,7 +285,7 @@ async def test_readiness_and_broker_outages_are_503() -> None:
 
     container = container_for(Settings(), FakeClock())
     container.adapters.stores.override(providers.Object(Down()))
-    container.adapters.account_broker.override(providers.Object(Down()))
+    container.services.account_broker.override(providers.Object(Down()))
     server = TestServer(make_app(container))
     await server.start_server(**runner_options())
     async with TestClient(server) as client:

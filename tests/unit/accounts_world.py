@@ -19,10 +19,10 @@ from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
 from tradecore.ports.crypto import DecryptionFailed
 from tradecore.services.accounts.account_credentials import AccountCredentials
-from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.provisioning import NewAccount, Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.credentials.credential_vault import CredentialVault
 from tradecore.services.vocabulary import Principal
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.cipher import AesGcmCipher
@@ -88,9 +88,28 @@ class FakeVerifier:
         return self.reason
 
 
+VENUE_SYMBOLS = frozenset({"BTCUSDT", "ETHUSDT", "SOLUSDT"})
+TESTNET_SYMBOLS = frozenset({"BTCUSDT"})
+
+
 class Instruments:
-    async def symbols(self, broker_name: str) -> frozenset[str]:
-        return SYMBOLS if broker_name == "paper" else frozenset()
+    """The paper catalogue and one real venue (``binanceusdm``) whose test environment lists
+    less; ``down`` makes the venue's list unloadable."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def venues(self) -> frozenset[str]:
+        return frozenset({"paper", "binanceusdm"})
+
+    async def symbols(self, broker_name: str, *, testnet: bool = False) -> frozenset[str]:
+        if broker_name == "paper":
+            return SYMBOLS
+        if broker_name != "binanceusdm":
+            return frozenset()
+        if self.down:
+            raise BrokerDisconnected("venue down")
+        return TESTNET_SYMBOLS if testnet else VENUE_SYMBOLS
 
 
 class DownAccounts(MemoryTradingAccountRepository):
@@ -131,6 +150,8 @@ class World:
             body["credentials"],
             body["encrypted_credentials"],
             ctx(),
+            testnet=body.get("testnet", False),
+            symbol_map=body.get("symbol_map"),
         )
         assert isinstance(created, NewAccount), created
         return created

@@ -151,3 +151,14 @@ def request_for(
         expires_at=row.created_at + timedelta(seconds=expires_in_s),
         broker_name=broker_name,
     )
+
+
+class NoStoredAccounts:
+    """A ``BrokerAccountSource`` that stores nothing: workers open the paper broker for the
+    route's account without credentials (what unit tests of the worker need)."""
+
+    async def broker_account(self, trading_account_id: str) -> None:
+        return None
+
+
+NO_ACCOUNTS = NoStoredAccounts()

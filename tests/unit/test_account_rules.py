@@ -23,8 +23,10 @@ from tradecore.account_rules import (
     encode_credentials,
     request_age,
     requested_id,
+    symbol_aliases,
     symbol_list,
     unsealed_credential_fields,
+    use_testnet,
 )
 
 RULES = AccountRules()
@@ -65,20 +67,45 @@ def test_the_symbol_list_is_a_bounded_list() -> None:
 
 
 def test_allowed_symbols_are_canonical_listed_symbols() -> None:
-    assert allowed_symbols(["btcusdt", " ES ", "BTCUSDT"], LISTED) == frozenset(LISTED)
-    assert allowed_symbols([], LISTED) == frozenset()
+    assert allowed_symbols(["btcusdt", " ES ", "BTCUSDT"], LISTED, {}) == frozenset(LISTED)
+    assert allowed_symbols([], LISTED, {}) == frozenset()
     for bad in (["BTC USDT"], ["é"], [7], [""]):
         with pytest.raises(InvalidField, match="not a symbol"):
-            allowed_symbols(bad, LISTED)
+            allowed_symbols(bad, LISTED, {})
     with pytest.raises(InvalidField, match="the broker does not list"):
-        allowed_symbols(["ETHUSDT"], LISTED)
+        allowed_symbols(["ETHUSDT"], LISTED, {})
+
+
+def test_allowed_symbols_are_stored_as_the_venue_names_them() -> None:
+    aliases = {"ES1!": "ES"}
+    sent = ["BINANCE:BTCUSDT", "BTCUSDT.P", "BTC/USDT:USDT", "CME_MINI:ES1!"]
+    assert allowed_symbols(sent, LISTED, aliases) == frozenset(LISTED)
+
+
+def test_symbol_aliases_map_to_listed_symbols() -> None:
+    assert symbol_aliases({"es1!": "es", "MES1!": "ES"}, LISTED, RULES) == {
+        "ES1!": "ES",
+        "MES1!": "ES",
+    }
+    with pytest.raises(InvalidField, match="does not list"):
+        symbol_aliases({"NQ1!": "NQ"}, LISTED, RULES)
+    for bad in ({"bad alias": "ES"}, {"ES1!": 7}, ["ES1!"], {f"A{i}": "ES" for i in range(201)}):
+        with pytest.raises(InvalidField, match="symbol_map"):
+            symbol_aliases(bad, LISTED, RULES)
+
+
+def test_the_testnet_switch_is_a_boolean() -> None:
+    assert use_testnet(True) is True and use_testnet(False) is False
+    for bad in ("true", 1, None):
+        with pytest.raises(InvalidField, match="testnet must be true or false"):
+            use_testnet(bad)
 
 
 def test_allowed_symbols_are_checked_item_by_item_in_order() -> None:
     with pytest.raises(InvalidField, match="the broker does not list"):
-        allowed_symbols(["NOPE", "BTC USDT"], LISTED)
+        allowed_symbols(["NOPE", "BTC USDT"], LISTED, {})
     with pytest.raises(InvalidField, match="not a symbol"):
-        allowed_symbols(["BTC USDT", "NOPE"], LISTED)
+        allowed_symbols(["BTC USDT", "NOPE"], LISTED, {})
 
 
 @pytest.mark.parametrize(

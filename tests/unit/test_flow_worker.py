@@ -9,10 +9,10 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
-from support import Trader, make_trader
+from support import NO_ACCOUNTS, Trader, make_trader
 
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
-from tradecore.ports.broker import Broker
+from tradecore.ports.broker import Broker, BrokerAccount
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.services.orders.outcomes import Accepted, Queued
@@ -33,8 +33,8 @@ class CrashAfterPlacing:
     def __init__(self, inner: PaperBrokerFactory) -> None:
         self._inner = inner
 
-    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Broker:
-        broker = self._inner.open(trading_account_id, broker_name, simulation=simulation)
+    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
+        broker = self._inner.open(account, simulation=simulation)
         original = broker.place_order
 
         async def place_then_die(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -116,6 +116,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
         embedded.fill_tasks,
         clock,
         FakeSleeper(clock),
+        accounts=NO_ACCOUNTS,
     )
 
     with pytest.raises(Crash):
@@ -264,7 +265,13 @@ class RecordingWorker(UserWorker):
         brokers: PaperBrokerFactory,
     ) -> None:
         super().__init__(
-            user_id, system.orders, brokers, system.fill_tasks, system.clock, system.sleeper
+            user_id,
+            system.orders,
+            brokers,
+            system.fill_tasks,
+            system.clock,
+            system.sleeper,
+            accounts=NO_ACCOUNTS,
         )
         self._host = host
         self._executed = executed

@@ -14,7 +14,7 @@ from tradecore.orders import (
     Side,
     to_instruction,
 )
-from tradecore.services.execution.worker import BROKER_RECONNECT_RETRIES
+from tradecore.services.execution.broker_sessions import BROKER_RECONNECT_RETRIES
 from tradecore.services.execution.worker_host import DEFAULT_IDLE_TIMEOUT_S
 from tradecore.services.orders.settings import OrderSettings
 

@@ -11,7 +11,7 @@ import pytest
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.orders import RejectionCode, Side
-from tradecore.ports.broker import Broker, BrokerOrderStatus
+from tradecore.ports.broker import Broker, BrokerAccount, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.brokers.catalogue import (
     CME_HOURS,
@@ -96,8 +96,8 @@ async def test_same_client_order_id_returns_the_recorded_order(
     assert again == first and different == first
     assert exchange.position(ACCOUNT, "BTCUSDT") == 1
     assert len(exchange.orders(ACCOUNT)) == 1
-    assert await broker.order_status("c1") == first
-    assert await broker.order_status("never-sent") is None
+    assert await broker.order_status("c1", "BTCUSDT") == first
+    assert await broker.order_status("never-sent", "BTCUSDT") is None
 
 
 async def test_client_order_ids_are_per_account(exchange: PaperExchange, clock: FakeClock) -> None:
@@ -175,7 +175,7 @@ async def test_rest_that_no_longer_fits_the_margin_is_cancelled(
     pending = await broker.place_order("c1", "ES", Side.BUY, D(6))
     assert pending.status is BrokerOrderStatus.PENDING  # fits now: 90000 of 100000
     await broker.place_order("c2", "ES", Side.BUY, D(6))  # takes the margin first
-    order = await broker.order_status("c1")
+    order = await broker.order_status("c1", "BTCUSDT")
     assert order is not None and order.status is BrokerOrderStatus.CANCELLED
     assert order.rejection is not None
     assert order.rejection.code is RejectionCode.INSUFFICIENT_MARGIN
@@ -191,7 +191,7 @@ async def test_unknown_symbol_is_rejected_and_recorded(broker: PaperBroker) -> N
     assert order.rejection is not None
     assert order.rejection.code is RejectionCode.INVALID_SYMBOL
     assert "symbol not found in broker contracts" in order.rejection.message
-    assert await broker.order_status("c1") == order
+    assert await broker.order_status("c1", "BTCUSDT") == order
 
 
 async def test_hedge_mode_instrument_is_refused_with_the_fix(broker: PaperBroker) -> None:
@@ -304,7 +304,7 @@ async def test_rate_limited_request_is_not_recorded(
     assert refused.rejection is not None
     assert refused.rejection.code is RejectionCode.BROKER_RATE_LIMITED
     assert refused.rejection.retry_after == 3.0
-    assert await broker.order_status("c1") is None
+    assert await broker.order_status("c1", "BTCUSDT") is None
     retried = await broker.place_order("c1", "BTCUSDT", Side.BUY, D(1))
     assert retried.status is BrokerOrderStatus.FILLED
 
@@ -325,7 +325,7 @@ async def test_delayed_fill_waits_for_status_polls(
     exchange.delay_next_fill(3)
     order = await broker.place_order("c1", "BTCUSDT", Side.BUY, D(1))
     assert order.status is BrokerOrderStatus.PENDING
-    statuses = [(await broker.order_status("c1")) for _ in range(3)]
+    statuses = [(await broker.order_status("c1", "BTCUSDT")) for _ in range(3)]
     assert [s.status if s else None for s in statuses] == [
         BrokerOrderStatus.PENDING,
         BrokerOrderStatus.PENDING,
@@ -340,7 +340,7 @@ async def test_order_that_never_fills_stays_pending(
     exchange.delay_next_fill(None)
     await broker.place_order("c1", "BTCUSDT", Side.BUY, D(1))
     for _ in range(20):
-        status = await broker.order_status("c1")
+        status = await broker.order_status("c1", "BTCUSDT")
         assert status is not None and status.status is BrokerOrderStatus.PENDING
     assert exchange.position(ACCOUNT, "BTCUSDT") == 0
 
@@ -355,12 +355,12 @@ async def test_partial_fill_now_and_the_rest_later_or_never(
     assert later.status is BrokerOrderStatus.PARTIALLY_FILLED and later.filled_quantity == 1
     assert never.status is BrokerOrderStatus.PARTIALLY_FILLED and never.filled_quantity == 1
     assert exchange.position(ACCOUNT, "BTCUSDT") == 2
-    await broker.order_status("c1")
-    done = await broker.order_status("c1")
+    await broker.order_status("c1", "BTCUSDT")
+    done = await broker.order_status("c1", "BTCUSDT")
     assert done is not None and done.status is BrokerOrderStatus.FILLED
     assert done.filled_quantity == 4 and done.average_price == D(60000)
     for _ in range(5):
-        still = await broker.order_status("c2")
+        still = await broker.order_status("c2", "BTCUSDT")
         assert still is not None and still.filled_quantity == 1
     assert exchange.position(ACCOUNT, "BTCUSDT") == 5
 
@@ -372,7 +372,7 @@ async def test_delayed_reduce_only_order_fills_at_most_what_is_still_held(
     exchange.delay_next_fill(1)
     await broker.place_order("c1", "BTCUSDT", Side.SELL, D(3), reduce_only=True)
     exchange.set_position(ACCOUNT, "BTCUSDT", D(1))  # reduced elsewhere meanwhile
-    order = await broker.order_status("c1")
+    order = await broker.order_status("c1", "BTCUSDT")
     assert order is not None and order.filled_quantity == 1
     assert order.status is BrokerOrderStatus.CANCELLED  # the rest had nothing to reduce
     assert exchange.position(ACCOUNT, "BTCUSDT") == 0
@@ -397,9 +397,9 @@ async def test_disconnect_after_some_calls_until_reconnected(
     await broker.place_order("c1", "BTCUSDT", Side.BUY, D(1))
     for _ in range(3):
         with pytest.raises(BrokerDisconnected):
-            await broker.order_status("c1")
+            await broker.order_status("c1", "BTCUSDT")
     await broker.connect()
-    assert await broker.order_status("c1") is not None
+    assert await broker.order_status("c1", "BTCUSDT") is not None
 
 
 async def test_reconnect_may_be_refused(exchange: PaperExchange, broker: PaperBroker) -> None:
@@ -450,8 +450,8 @@ async def test_snapshot_restores_books_orders_and_scripts_through_json(
     assert (await again.place_order("c1", "ES", Side.SELL, D(2))).broker_order_id == (
         exchange.orders(ACCOUNT)[0].broker_order_id
     )  # still idempotent
-    await again.order_status("c2")
-    filled = await again.order_status("c2")
+    await again.order_status("c2", "BTCUSDT")
+    filled = await again.order_status("c2", "BTCUSDT")
     assert filled is not None and filled.status is BrokerOrderStatus.FILLED
     limited = await again.place_order("c3", "MES", Side.BUY, D(1))
     assert limited.rejection is not None and limited.rejection.retry_after == 2.0
@@ -477,15 +477,15 @@ def test_restore_refuses_a_malformed_snapshot(exchange: PaperExchange) -> None:
 async def test_factory_keeps_simulation_on_its_own_exchange(clock: FakeClock) -> None:
     real, simulated = PaperExchange(), PaperExchange()
     factory = PaperBrokerFactory(real, simulated, clock)
-    sim = factory.open(ACCOUNT, "paper", simulation=True)
+    sim = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=True)
     await sim.connect()
     await sim.place_order("c1", "BTCUSDT", Side.BUY, D(1))
     assert simulated.position(ACCOUNT, "BTCUSDT") == 1
     assert real.position(ACCOUNT, "BTCUSDT") == 0
-    live = factory.open(ACCOUNT, "paper", simulation=False)
+    live = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     assert live.exchange is real
     with pytest.raises(ValueError, match="unknown broker"):
-        factory.open(ACCOUNT, "some-bank", simulation=False)
+        factory.open(BrokerAccount(ACCOUNT, "some-bank"), simulation=False)
     directory = PaperInstrumentDirectory(real)
     assert "BTCUSDT" in await directory.symbols("paper")
     assert await directory.symbols("some-bank") == frozenset()

@@ -152,7 +152,7 @@ class PaperBrokerMachine(RuleBasedStateMachine):
             model.polls += 1
             if model.fill_after is not None and model.polls >= model.fill_after:
                 self._fill(model, model.quantity - model.filled)
-        order = self.loop.run_until_complete(self.broker.order_status(cid))
+        order = self.loop.run_until_complete(self.broker.order_status(cid, model.symbol))
         assert order is not None
         self._check(order, model)
 

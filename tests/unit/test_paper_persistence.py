@@ -11,7 +11,7 @@ import pytest
 
 from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.orders import Side
-from tradecore.ports.broker import BrokerOrderStatus
+from tradecore.ports.broker import BrokerAccount, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
@@ -31,12 +31,12 @@ def host(
 async def test_a_restarted_host_sees_the_same_book_and_never_doubles_an_order() -> None:
     store, clock = MemoryDocumentStore(), FakeClock()
     _, first = host(store, clock)
-    broker = first.open(ACCOUNT, "paper", simulation=False)
+    broker = first.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     placed = await broker.place_order("ord-1-entry", "BTCUSDT", Side.BUY, Decimal(2))
 
     exchange, second = host(store, clock)  # the worker host restarted
-    again = second.open(ACCOUNT, "paper", simulation=False)
+    again = second.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await again.connect()
     repeated = await again.place_order("ord-1-entry", "BTCUSDT", Side.BUY, Decimal(2))
 
@@ -49,15 +49,15 @@ async def test_an_open_order_placed_on_one_host_fills_when_polled_on_another() -
     store, clock = MemoryDocumentStore(), FakeClock()
     exchange_a, first = host(store, clock)
     exchange_a.delay_next_fill(2)
-    broker = first.open(ACCOUNT, "paper", simulation=False)
+    broker = first.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     pending = await broker.place_order("ord-2-entry", "BTCUSDT", Side.SELL, Decimal(1))
     assert pending.status is BrokerOrderStatus.PENDING
 
     _, second = host(store, clock)
-    moved = second.open(ACCOUNT, "paper", simulation=False)
+    moved = second.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await moved.connect()
-    polls = [await moved.order_status("ord-2-entry") for _ in range(2)]
+    polls = [await moved.order_status("ord-2-entry", "BTCUSDT") for _ in range(2)]
 
     assert [p.status for p in polls if p] == [
         BrokerOrderStatus.PENDING,
@@ -69,14 +69,14 @@ async def test_an_open_order_placed_on_one_host_fills_when_polled_on_another() -
 async def test_simulated_orders_keep_their_own_persistent_book() -> None:
     store, clock = MemoryDocumentStore(), FakeClock()
     _, first = host(store, clock)
-    simulated = first.open(ACCOUNT, "paper", simulation=True)
+    simulated = first.open(BrokerAccount(ACCOUNT, "paper"), simulation=True)
     await simulated.connect()
     await simulated.place_order("ord-3-entry", "BTCUSDT", Side.BUY, Decimal(1))
 
     _, second = host(store, clock)
-    live = second.open(ACCOUNT, "paper", simulation=False)
+    live = second.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await live.connect()
-    replayed_simulation = second.open(ACCOUNT, "paper", simulation=True)
+    replayed_simulation = second.open(BrokerAccount(ACCOUNT, "paper"), simulation=True)
     await replayed_simulation.connect()
 
     assert await live.positions() == {}
@@ -126,7 +126,7 @@ class CountingStore(MemoryDocumentStore):
 async def test_a_placement_saves_the_order_and_the_book_in_one_write() -> None:
     store, clock = CountingStore(), FakeClock()
     _, factory = host(store, clock)
-    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
 
     await broker.place_order("ord-4-entry", "BTCUSDT", Side.BUY, Decimal(1))
@@ -138,14 +138,16 @@ async def test_a_placement_saves_the_order_and_the_book_in_one_write() -> None:
 async def test_calls_that_change_nothing_write_nothing() -> None:
     store, clock = CountingStore(), FakeClock()
     _, factory = host(store, clock)
-    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     placed = await broker.place_order("ord-5-entry", "BTCUSDT", Side.BUY, Decimal(1))
     writes = store.writes
 
     again = await broker.place_order("ord-5-entry", "BTCUSDT", Side.BUY, Decimal(1))
-    status = await broker.order_status("ord-5-entry")  # filled at placement: nothing moves
-    unknown = await broker.order_status("never-placed")
+    status = await broker.order_status(
+        "ord-5-entry", "BTCUSDT"
+    )  # filled at placement: nothing moves
+    unknown = await broker.order_status("never-placed", "BTCUSDT")
 
     assert again == placed == status and unknown is None
     assert store.writes == writes
@@ -155,15 +157,17 @@ async def test_a_poll_that_moves_an_open_order_is_saved() -> None:
     store, clock = CountingStore(), FakeClock()
     exchange, factory = host(store, clock)
     exchange.delay_next_fill(2)
-    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     await broker.place_order("ord-6-entry", "BTCUSDT", Side.BUY, Decimal(1))
 
-    await broker.order_status("ord-6-entry")  # one poll of two: still pending, but counted
+    await broker.order_status(
+        "ord-6-entry", "BTCUSDT"
+    )  # one poll of two: still pending, but counted
     _, restarted = host(store, clock)
-    moved = restarted.open(ACCOUNT, "paper", simulation=False)
+    moved = restarted.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await moved.connect()
-    filled = await moved.order_status("ord-6-entry")
+    filled = await moved.order_status("ord-6-entry", "BTCUSDT")
 
     assert filled is not None and filled.status is BrokerOrderStatus.FILLED
 
@@ -171,7 +175,7 @@ async def test_a_poll_that_moves_an_open_order_is_saved() -> None:
 async def test_a_failed_save_is_made_good_by_the_next_call() -> None:
     store, clock = CountingStore(), FakeClock()
     _, factory = host(store, clock)
-    broker = factory.open(ACCOUNT, "paper", simulation=False)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     store.fail_next = True
     with pytest.raises(DatabaseUnavailable):
@@ -200,7 +204,7 @@ class LoadCountingStore(MemoryDocumentStore):
 async def test_a_fresh_placement_skips_the_look_up_and_a_repeat_still_finds_the_order() -> None:
     store, clock = LoadCountingStore(), FakeClock()
     _, first = host(store, clock)
-    broker = first.open(ACCOUNT, "paper", simulation=False)
+    broker = first.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     store.loaded.clear()
 
@@ -208,7 +212,7 @@ async def test_a_fresh_placement_skips_the_look_up_and_a_repeat_still_finds_the_
     assert store.loaded == []  # the caller vouched that nothing was placed before
 
     _, second = host(store, clock)  # restarted: the next attempt is not fresh
-    again = second.open(ACCOUNT, "paper", simulation=False)
+    again = second.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await again.connect()
     repeated = await again.place_order("ord-8-entry", "BTCUSDT", Side.BUY, Decimal(1))
 

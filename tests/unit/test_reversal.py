@@ -315,9 +315,9 @@ async def test_rejected_close_places_no_entry(desk: Desk) -> None:
 class VanishingPosition(PaperBroker):
     """Someone flattens the account by hand while the close is being polled."""
 
-    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+    async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
         self.exchange.set_position(self.account_id, SYMBOL, D(0))
-        return await super().order_status(client_order_id)
+        return await super().order_status(client_order_id, symbol)
 
 
 async def test_close_cancelled_while_polled_places_no_entry(

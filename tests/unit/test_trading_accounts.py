@@ -69,6 +69,7 @@ async def test_create_stores_credentials_encrypted_and_bound_to_the_account(worl
     assert entry.metadata == {
         "trading_account_id": stored.id,
         "broker": "paper",
+        "testnet": False,
         "credentials": "plain",
     }
     assert not leaks(world.last(), *CREDENTIALS.values(), new.webhook_secret, new.webhook_token)

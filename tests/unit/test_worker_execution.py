@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 import pytest
-from support import queued_row, request_for
+from support import NO_ACCOUNTS, queued_row, request_for
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import OrderChange, Submitted
@@ -24,7 +24,7 @@ from tradecore.orders import (
     RejectionCode,
     Side,
 )
-from tradecore.ports.broker import Broker, BrokerOrder
+from tradecore.ports.broker import Broker, BrokerAccount, BrokerOrder
 from tradecore.services.execution.worker import FRESH_CLAIM_S, UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
@@ -85,7 +85,13 @@ def process(store: CountingStore, orders: CountingOrders, clock: FakeClock) -> P
     exchange = PaperExchange()
     brokers = PersistentPaperBrokerFactory(exchange, PaperExchange(), store, clock)
     worker = UserWorker(
-        USER, orders, brokers, MemoryFillTaskQueue(clock), clock, FakeSleeper(clock)
+        USER,
+        orders,
+        brokers,
+        MemoryFillTaskQueue(clock),
+        clock,
+        FakeSleeper(clock),
+        accounts=NO_ACCOUNTS,
     )
     return Process(exchange, worker)
 
@@ -131,8 +137,8 @@ class CrashAfterPlacing:
         self._inner = inner
         self._crash_on = crash_on
 
-    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Broker:
-        broker = self._inner.open(trading_account_id, broker_name, simulation=simulation)
+    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
+        broker = self._inner.open(account, simulation=simulation)
         original = broker.place_order
 
         async def place_then_die(client_order_id: str, *args: Any, **kwargs: Any) -> BrokerOrder:
@@ -161,6 +167,7 @@ async def test_an_order_recovered_on_another_host_is_recalled_and_not_placed_twi
         MemoryFillTaskQueue(clock),
         clock,
         FakeSleeper(clock),
+        accounts=NO_ACCOUNTS,
     )
     request = await queued(orders, "ord-2")
     with pytest.raises(Crash):
@@ -263,14 +270,18 @@ async def test_a_retry_after_a_disconnect_is_not_sent_as_fresh(clock: FakeClock)
     flaky: list[FlakyBroker] = []
 
     class Factory:
-        def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Any:
-            flaky.append(
-                FlakyBroker(inner.open(trading_account_id, broker_name, simulation=simulation))
-            )
+        def open(self, account: BrokerAccount, *, simulation: bool) -> Any:
+            flaky.append(FlakyBroker(inner.open(account, simulation=simulation)))
             return flaky[-1]
 
     worker = UserWorker(
-        USER, orders, Factory(), MemoryFillTaskQueue(clock), clock, FakeSleeper(clock)
+        USER,
+        orders,
+        Factory(),
+        MemoryFillTaskQueue(clock),
+        clock,
+        FakeSleeper(clock),
+        accounts=NO_ACCOUNTS,
     )
     request = await queued(orders, "ord-7")
 

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
+from support import NO_ACCOUNTS
 
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import HostSettings, WorkerHost
@@ -53,7 +54,9 @@ class World:
         sleeper = FakeSleeper(self.clock)
 
         def make_worker(user_id: str) -> UserWorker:
-            return UserWorker(user_id, orders, brokers, tasks, self.clock, sleeper)
+            return UserWorker(
+                user_id, orders, brokers, tasks, self.clock, sleeper, accounts=NO_ACCOUNTS
+            )
 
         self.host = WorkerHost(
             self.directory,

@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-from support import queued_row, request_for
+from support import NO_ACCOUNTS, queued_row, request_for
 
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable, StoreUnavailable
 from tradecore.order_lifecycle import OrderChange, sources
@@ -212,7 +212,13 @@ class World:
 
     def make_worker(self, user_id: str) -> UserWorker:
         return UserWorker(
-            user_id, self.orders, self.brokers, self.fill_tasks, self.clock, FakeSleeper(self.clock)
+            user_id,
+            self.orders,
+            self.brokers,
+            self.fill_tasks,
+            self.clock,
+            FakeSleeper(self.clock),
+            accounts=NO_ACCOUNTS,
         )
 
     async def serve(self, host: WorkerHost | None = None) -> None:

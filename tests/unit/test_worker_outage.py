@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support import queued_row, request_for
+from support import NO_ACCOUNTS, queued_row, request_for
 
 from tradecore.errors import DatabaseUnavailable, KeyValueStoreUnavailable, StoreUnavailable
 from tradecore.order_lifecycle import OrderChange, sources
@@ -27,7 +27,7 @@ from tradecore.orders import (
     OrderStatus,
     Side,
 )
-from tradecore.ports.broker import Broker, BrokerOrder
+from tradecore.ports.broker import Broker, BrokerAccount, BrokerOrder
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.testing.clock import FakeClock, FakeSleeper
@@ -135,8 +135,8 @@ class RecordingBrokers:
         self._inner = inner
         self.placements: list[tuple[str, bool]] = []
 
-    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Broker:
-        broker = self._inner.open(trading_account_id, broker_name, simulation=simulation)
+    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
+        broker = self._inner.open(account, simulation=simulation)
         original = broker.place_order
 
         async def place(
@@ -178,7 +178,13 @@ class World:
 
         def make_worker(user_id: str) -> UserWorker:
             return UserWorker(
-                user_id, self.orders, self.brokers, fill_tasks, self.clock, worker_sleeper
+                user_id,
+                self.orders,
+                self.brokers,
+                fill_tasks,
+                self.clock,
+                worker_sleeper,
+                accounts=NO_ACCOUNTS,
             )
 
         self.host = WorkerHost(

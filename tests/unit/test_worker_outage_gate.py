@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 import pytest
-from support import queued_row, request_for
+from support import NO_ACCOUNTS, queued_row, request_for
 
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.order_lifecycle import OrderChange
@@ -208,7 +208,13 @@ class World:
 
     def make_worker(self, user_id: str) -> UserWorker:
         return UserWorker(
-            user_id, self.orders, self.brokers, self.fill_tasks, self.clock, FakeSleeper(self.clock)
+            user_id,
+            self.orders,
+            self.brokers,
+            self.fill_tasks,
+            self.clock,
+            FakeSleeper(self.clock),
+            accounts=NO_ACCOUNTS,
         )
 
     async def serve_all(self) -> None:

@@ -5,7 +5,12 @@ client order id the broker already knows returns that order instead of placing a
 property is what lets a worker re-execute a request after a crash without doubling it.
 
 Rejections (insufficient margin, market closed, ...) are results carried in ``BrokerOrder``,
-never exceptions. A dropped connection raises ``BrokerDisconnected``.
+never exceptions. A dropped connection, a timeout or an unreachable venue raises
+``BrokerDisconnected``; credentials the venue refuses raise ``CredentialsRejected``.
+
+A broker is opened for a ``BrokerAccount``: the trading account, its venue and, in clear, its
+credentials. Only the worker process (and the API, to verify them) ever builds one; the
+credentials never appear in a repr, a log line or an error message.
 """
 
 from __future__ import annotations
@@ -58,6 +63,25 @@ class BrokerOrder:
     rejection: OrderError | None = None
 
 
+@attrs.frozen
+class BrokerAccount:
+    """What a broker connection is opened for.
+
+    ``broker_name`` is the venue (``paper``, a ccxt exchange id such as ``binanceusdm``, or
+    ``alpaca``); ``testnet`` selects the venue's test or paper environment. ``credentials``
+    are the decrypted fields the user uploaded (empty for the paper broker);
+    ``credentials_ref`` names that version of them (a digest of the stored ciphertext, empty
+    when none are stored), so a worker can tell a rotated credential from the one its open
+    connection uses without decrypting anything.
+    """
+
+    trading_account_id: str
+    broker_name: str
+    testnet: bool = False
+    credentials: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    credentials_ref: str = ""
+
+
 @runtime_checkable
 class Broker(Protocol):
     """A connection to one trading account at one broker, owned by one worker.
@@ -108,8 +132,14 @@ class Broker(Protocol):
         """
         ...
 
-    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
-        """The current state of an order by client order id, None if the broker never saw it."""
+    async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
+        """The current state of the order placed under ``client_order_id`` on ``symbol`` (a
+        venue may need the symbol to find it), None if the broker never saw it."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the connection holds (sessions, sockets, threads). Safe to call more
+        than once; the broker is not used after it."""
         ...
 
 
@@ -117,16 +147,38 @@ class Broker(Protocol):
 class BrokerFactory(Protocol):
     """Opens the broker connection a worker uses for one trading account."""
 
-    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> Broker:
-        """A broker for the account. ``simulation`` always yields the paper broker."""
+    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
+        """A broker for ``account``, not yet connected. ``simulation`` always yields the paper
+        broker. Raises ``ValueError`` for a venue this factory does not know."""
+        ...
+
+    def venues(self) -> frozenset[str]:
+        """The broker names ``open`` accepts for real orders."""
+        ...
+
+
+@runtime_checkable
+class BrokerAccountSource(Protocol):
+    """The broker account of a trading account, credentials decrypted (the worker's view)."""
+
+    async def broker_account(self, trading_account_id: str) -> BrokerAccount | None:
+        """The account's venue and credentials as stored now; None for an unknown or deleted
+        account. Raises ``StoreUnavailable`` when the store cannot be reached and
+        ``DecryptionFailed`` when the stored credentials do not open."""
         ...
 
 
 @runtime_checkable
 class InstrumentDirectory(Protocol):
-    """The symbols each broker lists, as loaded by the workers; the API checks orders against
-    it without calling a broker."""
+    """The instruments each venue lists, for the API's order checks and the dashboard's order
+    form; never through a user's broker connection (a venue's market list is public)."""
 
-    async def symbols(self, broker_name: str) -> frozenset[str]:
-        """The tradable symbols of ``broker_name`` (empty when unknown)."""
+    def venues(self) -> frozenset[str]:
+        """The broker names an account may name (no I/O)."""
+        ...
+
+    async def symbols(self, broker_name: str, *, testnet: bool = False) -> frozenset[str]:
+        """The venue's instrument ids (``BTCUSDT``, ``AAPL``), empty for an unknown venue.
+        Loaded once and kept for a while; raises ``BrokerDisconnected`` when the venue's list
+        cannot be loaded."""
         ...

@@ -348,6 +348,9 @@ class PaperBroker:
     def name(self) -> str:
         return "paper"
 
+    async def close(self) -> None:
+        """Nothing to release: the exchange lives in this process."""
+
     async def connect(self) -> None:
         await self._travel()
         self.exchange.links.connect(self.account_id)
@@ -381,7 +384,7 @@ class PaperBroker:
             now=self._clock.now(),
         )
 
-    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+    async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
         await self._arrive()
         return self.exchange.order_status(self.account_id, client_order_id)
 

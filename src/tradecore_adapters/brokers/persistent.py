@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from tradecore.orders import Side
-from tradecore.ports.broker import BrokerOrder
+from tradecore.ports.broker import BrokerAccount, BrokerOrder
 from tradecore.ports.documents import DocumentStore
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
@@ -53,6 +53,9 @@ class PersistentPaperBroker:
     @property
     def name(self) -> str:
         return PAPER
+
+    async def close(self) -> None:
+        """Nothing to release: the exchange lives in this process."""
 
     async def connect(self) -> None:
         await self._inner.connect()
@@ -88,10 +91,10 @@ class PersistentPaperBroker:
             await self._persist(client_order_id)
         return order
 
-    async def order_status(self, client_order_id: str) -> BrokerOrder | None:
+    async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
         await self._recall(client_order_id)
         before = self._exchange.export_order(self._account_id, client_order_id)
-        order = await self._inner.order_status(client_order_id)
+        order = await self._inner.order_status(client_order_id, symbol)
         if order is not None and (
             self._unsaved
             or self._exchange.export_order(self._account_id, client_order_id) != before
@@ -147,17 +150,18 @@ class PersistentPaperBrokerFactory:
         self._conditions = conditions
         self._sleeper = sleeper
 
-    def open(
-        self, trading_account_id: str, broker_name: str, *, simulation: bool
-    ) -> PersistentPaperBroker:
-        if not simulation and broker_name != PAPER:
-            raise ValueError(f"unknown broker {broker_name!r}")
+    def open(self, account: BrokerAccount, *, simulation: bool) -> PersistentPaperBroker:
+        if not simulation and account.broker_name != PAPER:
+            raise ValueError(f"unknown broker {account.broker_name!r}")
         return PersistentPaperBroker(
             self._simulation_exchange if simulation else self._exchange,
             self._store,
-            trading_account_id,
+            account.trading_account_id,
             self._clock,
             book="simulation" if simulation else "live",
             conditions=self._conditions,
             sleeper=self._sleeper,
         )
+
+    def venues(self) -> frozenset[str]:
+        return frozenset({PAPER})

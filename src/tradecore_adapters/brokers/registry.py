@@ -6,6 +6,7 @@ on another, so a simulation never moves the real book.
 
 from __future__ import annotations
 
+from tradecore.ports.broker import BrokerAccount
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 
@@ -30,19 +31,22 @@ class PaperBrokerFactory:
         self._conditions = conditions
         self._sleeper = sleeper
 
-    def open(self, trading_account_id: str, broker_name: str, *, simulation: bool) -> PaperBroker:
+    def open(self, account: BrokerAccount, *, simulation: bool) -> PaperBroker:
         """A new, not yet connected broker for the account; raises ValueError for a broker
-        name other than ``paper`` on a real order (no other broker exists here)."""
+        name other than ``paper`` on a real order (the venue factory routes the others)."""
         exchange = self._simulation_exchange if simulation else self._exchange
-        if not simulation and broker_name != PAPER:
-            raise ValueError(f"unknown broker {broker_name!r}")
+        if not simulation and account.broker_name != PAPER:
+            raise ValueError(f"unknown broker {account.broker_name!r}")
         return PaperBroker(
             exchange,
-            trading_account_id,
+            account.trading_account_id,
             self._clock,
             conditions=self._conditions,
             sleeper=self._sleeper,
         )
+
+    def venues(self) -> frozenset[str]:
+        return frozenset({PAPER})
 
 
 class PaperInstrumentDirectory:
@@ -51,5 +55,8 @@ class PaperInstrumentDirectory:
     def __init__(self, exchange: PaperExchange) -> None:
         self._exchange = exchange
 
-    async def symbols(self, broker_name: str) -> frozenset[str]:
+    def venues(self) -> frozenset[str]:
+        return frozenset({PAPER})
+
+    async def symbols(self, broker_name: str, *, testnet: bool = False) -> frozenset[str]:
         return self._exchange.symbols() if broker_name == PAPER else frozenset()

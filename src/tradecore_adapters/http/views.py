@@ -56,6 +56,8 @@ def order_error(error: OrderError | None) -> dict[str, Any] | None:
     body: dict[str, Any] = {"code": error.code.value, "message": error.message}
     if error.retry_after is not None:
         body["retry_after"] = error.retry_after
+    if error.broker_message is not None:
+        body["broker_message"] = error.broker_message
     return body
 
 
@@ -141,6 +143,8 @@ def account(account: TradingAccount) -> dict[str, Any]:
         "id": account.id,
         "name": account.name,
         "broker": account.broker_name,
+        "testnet": account.testnet,
+        "symbol_map": dict(sorted(account.symbol_map.items())),
         "max_request_age": account.max_request_age,
         "allowed_symbols": sorted(account.allowed_symbols),
         "max_quantity": decimal(account.max_quantity),

@@ -12,6 +12,8 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from tradecore.accounts import TradingAccount
 from tradecore.ports.repositories import WebhookOwner, save_fields
 from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
@@ -56,6 +58,8 @@ def account_from_row(row: Row) -> TradingAccount:
         credentials_verified=row["credentials_verified"],
         deleted=row["deleted"],
         encrypted_credentials=_bytes_or_none(row["encrypted_credentials"]),
+        testnet=row["testnet"],
+        symbol_map=dict(row["symbol_map"]),
     )
 
 
@@ -78,6 +82,8 @@ def _params(account: TradingAccount) -> dict[str, Any]:
         "credentials_verified": account.credentials_verified,
         "deleted": account.deleted,
         "encrypted_credentials": account.encrypted_credentials,
+        "testnet": account.testnet,
+        "symbol_map": Jsonb(dict(account.symbol_map)),
     }
 
 
@@ -93,11 +99,12 @@ class PostgresTradingAccountRepository:
             self._pool,
             "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
             " webhook_secret_hash, created_at, max_request_age, allowed_symbols, max_quantity,"
-            " credentials_verified, deleted, encrypted_credentials) VALUES (%(id)s,"
+            " credentials_verified, deleted, encrypted_credentials, testnet, symbol_map)"
+            " VALUES (%(id)s,"
             " %(user_id)s, %(name)s, %(broker_name)s, %(webhook_token_hash)s,"
             " %(webhook_secret_hash)s, %(created_at)s, %(max_request_age)s,"
             " %(allowed_symbols)s, %(max_quantity)s, %(credentials_verified)s, %(deleted)s,"
-            " %(encrypted_credentials)s)",
+            " %(encrypted_credentials)s, %(testnet)s, %(symbol_map)s)",
             _params(account),
         )
 

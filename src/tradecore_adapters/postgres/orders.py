@@ -37,7 +37,12 @@ _FIELDS = tuple(f.name for f in attrs.fields(OrderHistoryRecord))
 
 
 def error_to_json(error: OrderError) -> dict[str, Any]:
-    return {"code": error.code.value, "message": error.message, "retry_after": error.retry_after}
+    return {
+        "code": error.code.value,
+        "message": error.message,
+        "retry_after": error.retry_after,
+        "broker_message": error.broker_message,
+    }
 
 
 def error_from_json(data: Mapping[str, Any]) -> OrderError:
@@ -45,6 +50,7 @@ def error_from_json(data: Mapping[str, Any]) -> OrderError:
         code=RejectionCode(data["code"]),
         message=data["message"],
         retry_after=data.get("retry_after"),
+        broker_message=data.get("broker_message"),
     )
 
 

@@ -5,8 +5,8 @@ Decimals travel as strings (``str(Decimal)``, so ``1.50`` stays ``1.50``), datet
 deterministic, so re-encoding a decoded value gives the same text: the queue finds a stored
 entry again by its text. A naive datetime cannot be encoded (ValueError).
 
-An OrderRequest's ``broker_name`` is left out while it is None, so a payload queued before
-the field existed decodes (to None) and re-encodes to its original text.
+An OrderRequest's ``broker_name`` and ``credentials_ref`` are left out while they are None, so
+a payload queued before the fields existed decodes (to None) and re-encodes to its original text.
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ _converter.register_unstructure_hook(datetime, _unstructure_datetime)
 _converter.register_structure_hook(datetime, _structure_datetime)
 _converter.register_unstructure_hook(
     OrderRequest,
-    make_dict_unstructure_fn(OrderRequest, _converter, broker_name=override(omit_if_default=True)),
+    make_dict_unstructure_fn(
+        OrderRequest,
+        _converter,
+        broker_name=override(omit_if_default=True),
+        credentials_ref=override(omit_if_default=True),
+    ),
 )
 
 

@@ -22,10 +22,10 @@ from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import BrokerDisconnected
 from tradecore.ports.crypto import CredentialVerifier, DecryptionFailed
 from tradecore.ports.repositories import TradingAccountRepository
-from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.owned_accounts import LOST_REASONS, OwnedAccounts
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.credentials.credential_vault import CredentialVault
 from tradecore.services.vocabulary import (
     ACCOUNT_NOT_FOUND,
     BROWSER_SESSION_REQUIRED,

@@ -28,17 +28,20 @@ from tradecore.account_rules import (
     allowed_symbols,
     broker_name,
     request_age,
+    symbol_aliases,
     symbol_list,
+    use_testnet,
 )
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, RequestContext
+from tradecore.errors import BrokerDisconnected
 from tradecore.ports.broker import InstrumentDirectory
 from tradecore.ports.crypto import DecryptionFailed
 from tradecore.ports.repositories import TradingAccountRepository
-from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.owned_accounts import LOST_REASONS, OwnedAccounts
 from tradecore.services.accounts.provisioning import NewAccount, Provisioning
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.credentials.credential_vault import CredentialVault
 from tradecore.services.vocabulary import (
     ACCOUNT_NOT_FOUND,
     BROWSER_SESSION_REQUIRED,
@@ -53,6 +56,9 @@ SEALED_INVALID = Rejected(
     "encrypted_credentials_invalid",
     "encrypted_credentials could not be decrypted; encrypt them with the key from "
     "GET /auth/public-key",
+)
+INSTRUMENTS_UNAVAILABLE = Rejected(
+    503, "broker_unavailable", "The broker's instrument list could not be loaded; try again"
 )
 # Fields whose stored values a credential replacement is decided on: new credentials are
 # unverified whatever a concurrent verification of the old ones set.
@@ -91,6 +97,21 @@ class TradingAccounts:
         unknown one."""
         return await self._owned.own(principal, account_id) or ACCOUNT_NOT_FOUND
 
+    @refuses_outages
+    async def instruments(
+        self, principal: Principal, account_id: object
+    ) -> frozenset[str] | Rejected:
+        """The instruments the account's venue lists (its environment's), for the order
+        form: 404 for no account of the caller's, 503 when the venue's list cannot be
+        loaded."""
+        account = await self._owned.own(principal, account_id)
+        if account is None:
+            return ACCOUNT_NOT_FOUND
+        try:
+            return await self._instruments.symbols(account.broker_name, testnet=account.testnet)
+        except BrokerDisconnected:
+            return INSTRUMENTS_UNAVAILABLE
+
     # --- creating -----------------------------------------------------------------------
 
     @refuses_outages
@@ -102,11 +123,17 @@ class TradingAccounts:
         credentials: object,
         encrypted_credentials: object,
         context: RequestContext,
+        *,
+        testnet: object = False,
+        symbol_map: object = None,
     ) -> NewAccount | Rejected:
         """A new account at ``broker`` (default paper) with a fresh webhook token and secret,
         returned this once. ``credentials`` (a plain object) or ``encrypted_credentials`` (a
-        sealed one), at most one of them, are stored encrypted. 400 bad input or a broker
-        nobody lists, 403 API-key principal, 409 when the user has ``max_accounts``."""
+        sealed one), at most one of them, are stored encrypted. ``testnet`` picks the venue's
+        test environment; ``symbol_map`` holds the account's symbol aliases (checked against
+        the venue's list, so naming one loads it). 400 bad input or a broker nobody lists,
+        403 API-key principal, 409 when the user has ``max_accounts``, 503 when the venue's
+        list is needed and cannot be loaded."""
         action = AuditAction.ACCOUNT_CREATED
         user_id = principal.user_id
         audit = self._owned.audit
@@ -116,8 +143,13 @@ class TradingAccounts:
         try:
             clean_name = account_name(name)
             broker_asked = broker_name(broker)
-            if not await self._instruments.symbols(broker_asked):
+            if broker_asked not in self._instruments.venues():
                 raise InvalidField(BROKER_UNSUPPORTED)
+            on_testnet = use_testnet(testnet)
+            aliases: dict[str, str] = {}
+            if symbol_map is not None:
+                listed = await self._instruments.symbols(broker_asked, testnet=on_testnet)
+                aliases = symbol_aliases(symbol_map, listed, self._rules)
             fields = await self._vault.uploaded(credentials, encrypted_credentials)
         except InvalidField as e:
             await audit(action, context, user_id, None, "invalid request")
@@ -132,7 +164,9 @@ class TradingAccounts:
             )
         new = self._provisioning.draft_account(principal.user, clean_name, broker_name=broker_asked)
         sealed = self._vault.seal(new.account, fields)
-        account = attrs.evolve(new.account, encrypted_credentials=sealed)
+        account = attrs.evolve(
+            new.account, encrypted_credentials=sealed, testnet=on_testnet, symbol_map=aliases
+        )
         await self._accounts.add(account)
         upload = "none" if fields is None else ("encrypted" if credentials is None else "plain")
         await audit(
@@ -140,7 +174,7 @@ class TradingAccounts:
             context,
             user_id,
             account.id,
-            metadata={"broker": broker_asked, "credentials": upload},
+            metadata={"broker": broker_asked, "testnet": on_testnet, "credentials": upload},
         )
         return attrs.evolve(new, account=account)
 
@@ -156,11 +190,12 @@ class TradingAccounts:
     ) -> TradingAccount | Rejected:
         """Apply the fields of ``changes`` that are present: ``name``, ``max_request_age``
         (an integer within the rules' bounds), ``allowed_symbols`` (symbols the broker lists,
-        by the webhook's symbol rules; empty means all), and new broker credentials
+        by the webhook's symbol rules and resolved as webhook symbols are; empty means all),
+        ``symbol_map`` (aliases to the venue's ids), ``testnet``, and new broker credentials
         (``credentials`` or ``encrypted_credentials``, which need a browser session and make
-        the account unverified again). All or nothing: one bad field is 400 and changes
-        nothing. Other fields are ignored. Applied over whatever another request changed
-        meanwhile (404 when it deleted the account)."""
+        the account unverified again, as a change of ``testnet`` does). All or nothing: one
+        bad field is 400 and changes nothing. Other fields are ignored. Applied over whatever
+        another request changed meanwhile (404 when it deleted the account)."""
         action = AuditAction.ACCOUNT_UPDATED
         user_id = principal.user_id
         audit = self._owned.audit
@@ -168,7 +203,7 @@ class TradingAccounts:
         if account is None:
             return await self._owned.not_found(action, context, user_id, account_id)
         new_credentials = "credentials" in changes or "encrypted_credentials" in changes
-        if new_credentials and not principal.has_browser_session:
+        if (new_credentials or "testnet" in changes) and not principal.has_browser_session:
             await audit(action, context, user_id, account.id, "browser session required")
             return BROWSER_SESSION_REQUIRED
         try:
@@ -182,8 +217,9 @@ class TradingAccounts:
         if new_credentials:
             credentials = fields.pop("credentials")
             fields["encrypted_credentials"] = self._vault.seal(account, credentials)
+        if new_credentials or fields.get("testnet", account.testnet) != account.testnet:
             fields["credentials_verified"] = False
-        guard = _CREDENTIAL_FIELDS if new_credentials else ()
+        guard = _CREDENTIAL_FIELDS if "credentials_verified" in fields else ()
         names = sorted({"credentials" if f == "encrypted_credentials" else f for f in fields})
         stored = await self._owned.save_retrying(
             principal, account, lambda fresh: attrs.evolve(fresh, **fields), guard=guard
@@ -204,10 +240,17 @@ class TradingAccounts:
             fields["name"] = account_name(changes["name"])
         if "max_request_age" in changes:
             fields["max_request_age"] = request_age(changes["max_request_age"], self._rules)
-        if "allowed_symbols" in changes:
-            items = symbol_list(changes["allowed_symbols"], self._rules)
-            listed = await self._instruments.symbols(account.broker_name)
-            fields["allowed_symbols"] = allowed_symbols(items, listed)
+        if "testnet" in changes:
+            fields["testnet"] = use_testnet(changes["testnet"])
+        testnet = fields.get("testnet", account.testnet)
+        if "symbol_map" in changes or "allowed_symbols" in changes:
+            listed = await self._instruments.symbols(account.broker_name, testnet=testnet)
+            if "symbol_map" in changes:
+                fields["symbol_map"] = symbol_aliases(changes["symbol_map"], listed, self._rules)
+            if "allowed_symbols" in changes:
+                items = symbol_list(changes["allowed_symbols"], self._rules)
+                aliases = fields.get("symbol_map", account.symbol_map)
+                fields["allowed_symbols"] = allowed_symbols(items, listed, aliases)
         if "credentials" in changes or "encrypted_credentials" in changes:
             fields["credentials"] = await self._vault.uploaded(
                 changes.get("credentials"), changes.get("encrypted_credentials")

@@ -27,8 +27,11 @@ Execution of a request is crash-safe and idempotent:
    verifier writes only what differs from the row (nothing, once a check recorded the fill)
    and settles its own message.
 
-A dropped broker connection is re-opened up to 3 times (specification: "automatic reconnect,
-up to 3 retries") before the order fails with ``broker_unavailable``.
+The broker connections are the worker's ``BrokerSessions``: opened with the account's
+credentials, re-opened when an order names newer credentials, and re-opened up to 3 times
+after a drop (specification: "automatic reconnect, up to 3 retries") before the order fails
+with ``broker_unavailable``. Credentials the venue refuses fail the order with
+``credentials_rejected``.
 
 A store that cannot be reached (the order history, the books a broker keeps in it, or the
 order-tasks queue) makes ``execute`` raise ``StoreUnavailable`` and returns no result; calling
@@ -42,15 +45,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
-from typing import TypeVar
 
 import attrs
 
 from tradecore import reversal
-from tradecore.errors import BrokerDisconnected
+from tradecore.errors import BrokerDisconnected, CredentialsRejected
 from tradecore.fills import first_check_delay
 from tradecore.order_lifecycle import ClaimFailed, Executed, Expired, Interrupted, Submitted
 from tradecore.orders import (
@@ -62,21 +63,18 @@ from tradecore.orders import (
     RejectionCode,
     to_instruction,
 )
-from tradecore.ports.broker import Broker, BrokerFactory, BrokerOrder
+from tradecore.ports.broker import Broker, BrokerAccountSource, BrokerFactory, BrokerOrder
 from tradecore.ports.messaging import FillTask, FillTaskQueue
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import Clock, Sleeper
+from tradecore.services.execution.broker_sessions import BrokerSessions, Route
 
 log = logging.getLogger(__name__)
 
-BROKER_RECONNECT_RETRIES = 3
-RECONNECT_BACKOFF_S = 0.2
 FRESH_CLAIM_S = 1.0
 """A claim won within this long of the start of ``execute`` is fresh (a healthy one takes a
 millisecond). A slower one (a stall, a partition) may have outlived the worker's lease while a
 successor recovered the row and placed its orders, so its steps are sent as not fresh."""
-
-T = TypeVar("T")
 
 
 def fill_check_jitter(order_id: str) -> float:
@@ -85,17 +83,9 @@ def fill_check_jitter(order_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-@attrs.frozen
-class _Route:
-    """The broker connection an order goes through."""
-
-    trading_account_id: str
-    broker_name: str
-    simulation: bool
-
-    @classmethod
-    def of(cls, row: OrderHistoryRecord) -> _Route:
-        return cls(row.trading_account_id, row.broker_name, row.simulation)
+def _route_of(row: OrderHistoryRecord) -> Route:
+    """The connection a stored order goes through (the credentials the worker has)."""
+    return Route(row.trading_account_id, row.broker_name, row.simulation)
 
 
 class UserWorker:
@@ -109,15 +99,19 @@ class UserWorker:
         fill_tasks: FillTaskQueue,
         clock: Clock,
         sleeper: Sleeper,
+        *,
+        accounts: BrokerAccountSource,
     ) -> None:
         self.user_id = user_id
         self._orders = orders
-        self._brokers = brokers
+        self._sessions = BrokerSessions(brokers, accounts, sleeper)
         self._fill_tasks = fill_tasks
         self._clock = clock
         self._sleeper = sleeper
-        self._brokers_open: dict[tuple[str, bool], Broker] = {}
-        self._connected: set[tuple[str, bool]] = set()
+
+    async def close(self) -> None:
+        """Close the worker's broker connections (it serves no more requests)."""
+        await self._sessions.close()
 
     async def execute(self, request: OrderRequest) -> OrderResult:
         """Carry out ``request`` exactly once and return its result (see the module doc).
@@ -125,7 +119,12 @@ class UserWorker:
         then be executed again."""
         started = self._clock.now()
         if request.broker_name is not None:
-            route = _Route(request.trading_account_id, request.broker_name, request.simulation)
+            route = Route(
+                request.trading_account_id,
+                request.broker_name,
+                request.simulation,
+                request.credentials_ref,
+            )
             claimed = await self._claim(request, route, request.symbol)
             if claimed is not None:
                 return await self._proceed(claimed, started)
@@ -135,7 +134,8 @@ class UserWorker:
             log.error("order %s has no order-history row; not executed", request.order_id)
             return _orphan_result(request)
         if row.status is OrderStatus.QUEUED:
-            claimed = await self._claim(request, _Route.of(row), row.symbol)
+            route = attrs.evolve(_route_of(row), credentials_ref=request.credentials_ref)
+            claimed = await self._claim(request, route, row.symbol)
             if claimed is None:
                 return await self._current(row)
             return await self._proceed(claimed, started)
@@ -148,7 +148,9 @@ class UserWorker:
         client_order_id = row.client_order_id
         if client_order_id is None:
             return None
-        return await self._call(_Route.of(row), lambda broker: broker.order_status(client_order_id))
+        return await self._sessions.call(
+            _route_of(row), lambda broker: broker.order_status(client_order_id, row.symbol)
+        )
 
     async def _proceed(self, claimed: OrderHistoryRecord, started: datetime) -> OrderResult:
         """Go on with a row this call, begun at ``started``, moved out of ``queued``."""
@@ -158,7 +160,7 @@ class UserWorker:
         return await self._run(claimed, fresh=fresh)
 
     async def _claim(
-        self, request: OrderRequest, route: _Route, symbol: str
+        self, request: OrderRequest, route: Route, symbol: str
     ) -> OrderHistoryRecord | None:
         """Move the row out of ``queued`` (compare-and-set): to ``expired`` past
         ``request.expires_at``, ``failed`` when the broker is unreachable, else ``submitted``
@@ -169,9 +171,11 @@ class UserWorker:
             expired = OrderError(RejectionCode.ORDER_EXPIRED, "Order expired before execution")
             return await self._orders.transition(order_id, Expired(expired))
         try:
-            positions = await self._call(route, lambda broker: broker.positions())
+            positions = await self._sessions.call(route, lambda broker: broker.positions())
         except BrokerDisconnected:
             return await self._orders.transition(order_id, ClaimFailed(_broker_unavailable()))
+        except CredentialsRejected as e:
+            return await self._orders.transition(order_id, ClaimFailed(_credentials_rejected(e)))
         position_before = positions.get(symbol, Decimal(0))
         return await self._orders.transition(order_id, Submitted(now, position_before))
 
@@ -192,9 +196,14 @@ class UserWorker:
             )
 
         try:
-            outcome = await self._call(_Route.of(row), execute_plan)
-        except BrokerDisconnected:
-            failed = await self._orders.transition(row.id, Interrupted(_broker_unavailable()))
+            outcome = await self._sessions.call(_route_of(row), execute_plan)
+        except (BrokerDisconnected, CredentialsRejected) as e:
+            error = (
+                _credentials_rejected(e)
+                if isinstance(e, CredentialsRejected)
+                else _broker_unavailable()
+            )
+            failed = await self._orders.transition(row.id, Interrupted(error))
             return failed.to_result() if failed is not None else await self._current(row)
         broker_order_id = outcome.broker_refs[-1] if outcome.broker_refs else None
         now = self._clock.now()
@@ -241,31 +250,6 @@ class UserWorker:
             return latest.to_result()
         return await self._settled(latest)
 
-    async def _call(self, route: _Route, call: Callable[[Broker], Awaitable[T]]) -> T:
-        """Run ``call`` on the route's broker connection, opening it first if needed and
-        re-opening it after a disconnect, up to BROKER_RECONNECT_RETRIES times."""
-        key = (route.trading_account_id, route.simulation)
-        broker = self._brokers_open.get(key)
-        if broker is None:
-            broker = self._brokers.open(
-                route.trading_account_id, route.broker_name, simulation=route.simulation
-            )
-            self._brokers_open[key] = broker
-        for attempt in range(BROKER_RECONNECT_RETRIES + 1):
-            try:
-                if attempt:
-                    await self._sleeper.sleep(RECONNECT_BACKOFF_S * attempt)
-                if attempt or key not in self._connected:
-                    await broker.connect()
-                    self._connected.add(key)
-                return await call(broker)
-            except BrokerDisconnected:
-                self._connected.discard(key)
-                if attempt == BROKER_RECONNECT_RETRIES:
-                    raise
-                log.warning("broker disconnected (user %s); reconnecting", self.user_id)
-        raise AssertionError("unreachable")  # pragma: no cover
-
 
 _UNSETTLED = frozenset({OrderStatus.QUEUED, OrderStatus.SUBMITTED})
 
@@ -277,6 +261,14 @@ def _placed(row: OrderHistoryRecord) -> bool:
 
 def _broker_unavailable() -> OrderError:
     return OrderError(RejectionCode.BROKER_UNAVAILABLE, "Broker unreachable after 3 reconnects")
+
+
+def _credentials_rejected(e: CredentialsRejected) -> OrderError:
+    return OrderError(
+        RejectionCode.CREDENTIALS_REJECTED,
+        "The broker refused the account's credentials; update and verify them",
+        broker_message=str(e) or None,
+    )
 
 
 def _orphan_result(request: OrderRequest) -> OrderResult:

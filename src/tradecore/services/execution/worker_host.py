@@ -116,6 +116,7 @@ class WorkerHost:
         )
         self._control: asyncio.Task[None] | None = None
         self._confirming: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()
         self._gate = OutageGate[WorkerSlot](
             lease_gone=self._leases.gone, clock=clock, sleeper=sleeper, log=log
         )
@@ -143,6 +144,9 @@ class WorkerHost:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._control = None
+        for slot in list(self._slots.values()):
+            await self._close_worker(slot)
+        await asyncio.gather(*self._closing)
 
     def activate(self, user_id: str) -> None:
         """Make sure the user is served: by this host, unless another holder has the lease
@@ -163,6 +167,13 @@ class WorkerHost:
             self._slots[user_id] = slot
         if slot.task is None:
             slot.task = asyncio.create_task(self._serve(user_id, slot), name=f"worker:{user_id}")
+
+    async def _close_worker(self, slot: WorkerSlot) -> None:
+        """Close the broker connections of a worker that serves no more (never raises)."""
+        try:
+            await slot.worker.close()
+        except Exception:
+            log.warning("closing the broker connections of a worker failed", exc_info=True)
 
     async def _confirm_lease(self, user_id: str, slot: WorkerSlot) -> None:
         """Renew the running worker's lease at once; when it is gone, replace the worker
@@ -291,6 +302,10 @@ class WorkerHost:
             if ended:
                 if self._slots.get(user_id) is slot:
                     del self._slots[user_id]
+                    # its broker connections end with it (not awaited here: a cancelled task)
+                    closing = asyncio.create_task(self._close_worker(slot))
+                    self._closing.add(closing)
+                    closing.add_done_callback(self._closing.discard)
             elif token is not None and not slot.lost:
                 # a lost lease is not ours to release: after a key-value store flush the
                 # replacement may hold the same holder name and token

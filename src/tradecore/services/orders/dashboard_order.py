@@ -16,6 +16,7 @@ import attrs
 from tradecore.attacks import ip_blocked_metadata
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import User
+from tradecore.instruments import resolve_symbol
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import AlertAction, OrderType, Source
 from tradecore.ports.repositories import AllowedIpRepository, TradingAccountRepository
@@ -103,10 +104,11 @@ class DashboardOrders:
                 metadata={"trading_account_id": account.id, "simulation": simulation},
             )
 
+        symbol = resolve_symbol(order.symbol, account.symbol_map)
         refusal = await self._checks.check(
             user,
             account,
-            symbol=order.symbol,
+            symbol=symbol,
             quantity=order.quantity,
             simulation=simulation,
             source=Source.DASHBOARD,
@@ -118,7 +120,7 @@ class DashboardOrders:
         intent = OrderIntent(
             user=user,
             account=account,
-            symbol=order.symbol,
+            symbol=symbol,
             action=order.action,
             order_type=order.order_type,
             quantity=order.quantity,

@@ -175,6 +175,7 @@ class OrderDispatcher:
             created_at=now,
             expires_at=now + timedelta(seconds=self._settings.max_queue_age_s),
             broker_name=record.broker_name,
+            credentials_ref=None if intent.simulation else intent.account.credentials_ref,
         )
         refusal: Rejected | None
         try:

@@ -82,7 +82,7 @@ class OrderChecks:
             return Rejected(status, "credentials_unverified", "Broker credentials not verified")
         if user.accepted_terms_version != settings.terms_version:
             return Rejected(403, "terms_not_accepted", "Accept the latest terms of service")
-        listed = await self._instruments.symbols(account.broker_name)
+        listed = await self._instruments.symbols(account.broker_name, testnet=account.testnet)
         if not symbol_allowed(symbol, account.allowed_symbols, listed):
             return Rejected(400, "symbol_not_allowed", f"Symbol {symbol} is not allowed")
         if quantity > account.max_quantity:

@@ -6,7 +6,8 @@
 3. the allowed-IP list (403 ``webhook_ip_blocked``), before anything of the user's is spent;
 4. layer 2 timestamp (401 ``webhook_timestamp_expired``, detail ``Request expired``), layer 3
    secret (401 ``webhook_credential_attack``) - both skipped in simulation - and layer 4
-   replay (409 ``webhook_replay_attack``);
+   replay (409 ``webhook_replay_attack``), over the symbol resolved to the venue's id
+   (``tradecore.instruments``: ``BINANCE:BTCUSDT`` and ``BTCUSDT.P`` are one order);
 5. the additional checks (rate limit, plan, daily cap, credentials, terms, symbol);
 6. the durable intent and the hand-off to the worker (OrderDispatcher).
 
@@ -33,6 +34,7 @@ from tradecore.attacks import (
 )
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import StoreUnavailable
+from tradecore.instruments import resolve_symbol
 from tradecore.limits import start_of_utc_day
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import Source
@@ -174,10 +176,11 @@ class WebhookIntake:
                 )
                 return Rejected(401, "unauthorized", "Unauthorized")
 
+        symbol = resolve_symbol(payload.symbol, account.symbol_map)
         fingerprint = replay_fingerprint(
             user.id,
             payload.action,
-            payload.symbol,
+            symbol,
             payload.quantity,
             payload.timestamp,
             payload.secret,
@@ -206,7 +209,7 @@ class WebhookIntake:
         refusal = await self._checks.check(
             user,
             account,
-            symbol=payload.symbol,
+            symbol=symbol,
             quantity=payload.quantity,
             simulation=simulation,
             source=Source.WEBHOOK,
@@ -221,7 +224,7 @@ class WebhookIntake:
         intent = OrderIntent(
             user=user,
             account=account,
-            symbol=payload.symbol,
+            symbol=symbol,
             action=payload.action,
             order_type=payload.order_type,
             quantity=payload.quantity,

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from tradecore.audit import AuditAction
+from tradecore.errors import CredentialsRejected
 from tradecore.services.accounts.provisioning import webhook_url
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore_adapters.http import views
@@ -53,6 +54,8 @@ async def create_account(request: web.Request) -> web.Response:
         body.get("credentials"),
         body.get("encrypted_credentials"),
         request_context(request),
+        testnet=body.get("testnet", False),
+        symbol_map=body.get("symbol_map"),
     )
     if isinstance(created, Rejected):
         raise Problem(created)
@@ -79,7 +82,8 @@ async def get_account(request: web.Request) -> web.Response:
 
 @routes.patch("/trading/accounts/{account_id}")
 async def update_account(request: web.Request) -> web.Response:
-    """Change ``name``, ``max_request_age``, ``allowed_symbols`` or the broker credentials."""
+    """Change ``name``, ``max_request_age``, ``allowed_symbols``, ``symbol_map``, ``testnet``
+    or the broker credentials."""
     principal = await authenticate(request)
     body = await _body(request, principal, AuditAction.ACCOUNT_UPDATED)
     updated = await request.app[SERVICES].trading_accounts.update(
@@ -146,6 +150,9 @@ async def positions(request: web.Request) -> web.Response:
         raise Problem(account)
     try:
         held = await services.brokers.positions(account)
+    except CredentialsRejected as e:
+        reason = str(e) or "The broker refused the credentials"
+        raise fail(400, "credentials_rejected", reason) from None
     except Exception:
         raise fail(503, "broker_unavailable", "The broker could not be reached") from None
     return views.json_response(
@@ -157,4 +164,19 @@ async def positions(request: web.Request) -> web.Response:
                 if quantity
             ],
         }
+    )
+
+
+@routes.get("/trading/accounts/{account_id}/instruments")
+async def instruments(request: web.Request) -> web.Response:
+    """The instruments of the account's venue, for the order form (the paper catalogue for
+    paper accounts)."""
+    principal = await authenticate(request)
+    listed = await request.app[SERVICES].trading_accounts.instruments(
+        principal, request.match_info["account_id"]
+    )
+    if isinstance(listed, Rejected):
+        raise Problem(listed)
+    return views.json_response(
+        {"trading_account_id": request.match_info["account_id"], "symbols": sorted(listed)}
     )
