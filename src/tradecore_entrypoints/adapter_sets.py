@@ -35,10 +35,16 @@ from tradecore.ports.repositories import (
 )
 from tradecore.ports.resets import PasswordResetTokens
 from tradecore.ports.runtime import Clock, RandomSource
-from tradecore_adapters.brokers.account import PaperAccountBroker
+from tradecore_adapters.brokers.alpaca_venue import AlpacaVenue
+from tradecore_adapters.brokers.ccxt_venue import DIALECTS, CcxtVenue
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
 from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
+from tradecore_adapters.brokers.venues import (
+    VenueBrokerFactory,
+    VenueConnector,
+    VenueInstrumentDirectory,
+)
 from tradecore_adapters.captcha import DisabledCaptcha
 from tradecore_adapters.captcha.client_session import SharedClientSession
 from tradecore_adapters.captcha.turnstile import TurnstileVerifier
@@ -135,13 +141,13 @@ class AdapterSet(containers.DeclarativeContainer):
     fill_tasks: providers.Provider[FillTaskQueue] = port(FillTaskQueue)
     exchange: providers.Provider[PaperExchange] = port(PaperExchange)
     simulation_exchange: providers.Provider[PaperExchange] = port(PaperExchange)
-    brokers: providers.Provider[BrokerFactory] = port(
+    paper_brokers: providers.Provider[BrokerFactory] = port(
         BrokerFactory
-    )  # what the workers trade through
-    account_broker: providers.Provider[PaperAccountBroker] = port(
-        PaperAccountBroker
-    )  # positions and credential checks for the API
-    instruments: providers.Provider[InstrumentDirectory] = port(InstrumentDirectory)
+    )  # the paper broker the workers trade through
+    api_paper_brokers: providers.Provider[BrokerFactory] = port(
+        BrokerFactory
+    )  # the paper broker for the API's positions and credential checks
+    paper_instruments: providers.Provider[InstrumentDirectory] = port(InstrumentDirectory)
     worker_holder: providers.Provider[str] = port(str)
     in_process_workers: providers.Provider[bool] = port(bool)
     fill_polling: providers.Provider[FillPolling] = port(FillPolling)
@@ -176,11 +182,15 @@ class MemoryAdapters(AdapterSet):
     fill_tasks = providers.Singleton(MemoryFillTaskQueue, AdapterSet.core.clock)
     exchange = providers.Singleton(PaperExchange)
     simulation_exchange = providers.Singleton(PaperExchange)
-    brokers = providers.Singleton(
+    paper_brokers = providers.Singleton(
         PaperBrokerFactory, exchange, simulation_exchange, AdapterSet.core.clock
     )
-    account_broker = providers.Singleton(PaperAccountBroker, brokers)
-    instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
+    # its own provider (over the same exchanges): a container override maps providers by
+    # name, and one provider under two names would take the override of the last one
+    api_paper_brokers = providers.Singleton(
+        PaperBrokerFactory, exchange, simulation_exchange, AdapterSet.core.clock
+    )
+    paper_instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Object(EMBEDDED_HOLDER)
     in_process_workers = providers.Object(True)
     fill_polling = providers.Object(FILL_POLLING_MEMORY)
@@ -218,7 +228,7 @@ class PostgresRedisAdapters(AdapterSet):
     )
     exchange = providers.Singleton(PaperExchange)
     simulation_exchange = providers.Singleton(PaperExchange)
-    brokers = providers.Singleton(
+    paper_brokers = providers.Singleton(
         PersistentPaperBrokerFactory,
         exchange,
         simulation_exchange,
@@ -229,17 +239,14 @@ class PostgresRedisAdapters(AdapterSet):
     )
     # The API reads the books the workers keep, without the simulated latency and faults
     # (PAPER_BROKER_*) that are there to test the workers.
-    account_broker = providers.Singleton(
-        PaperAccountBroker,
-        providers.Singleton(
-            PersistentPaperBrokerFactory,
-            exchange,
-            simulation_exchange,
-            documents,
-            AdapterSet.core.clock,
-        ),
+    api_paper_brokers = providers.Singleton(
+        PersistentPaperBrokerFactory,
+        exchange,
+        simulation_exchange,
+        documents,
+        AdapterSet.core.clock,
     )
-    instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
+    paper_instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Singleton(host_identity)
     in_process_workers = providers.Object(False)
     fill_polling = providers.Object(FILL_POLLING_REDIS)
@@ -269,6 +276,19 @@ def make_cipher(settings: Settings) -> AesGcmCipher:
     return AesGcmCipher.from_urlsafe_b64(settings.encryption_key)
 
 
+def make_venues(settings: Settings) -> dict[str, VenueConnector]:
+    """The real venues by broker name: the ccxt ones and Alpaca, each pointed at its
+    BROKER_ENDPOINTS entry when there is one, with BROKER_TIMEOUT_MS."""
+    endpoints = settings.broker_endpoints
+    timeout_ms = int(settings.broker_timeout_ms)
+    venues: dict[str, VenueConnector] = {
+        name: CcxtVenue(dialect, endpoint=endpoints.get(name), timeout_ms=timeout_ms)
+        for name, dialect in DIALECTS.items()
+    }
+    venues["alpaca"] = AlpacaVenue(endpoint=endpoints.get("alpaca"), timeout_s=timeout_ms / 1000)
+    return venues
+
+
 def jwt_secret(settings: Settings, random: RandomSource) -> str:
     """JWT_SECRET, or (the embedded default only) a random one for this process."""
     return settings.jwt_secret or random.token_urlsafe(48)
@@ -291,3 +311,7 @@ class SharedAdapters(containers.DeclarativeContainer):
     mailer = providers.Singleton(make_mailer, core.settings, outbox)
     cipher = providers.Singleton(make_cipher, core.settings)
     transport_key = providers.Singleton(RsaTransportKey, adapters.documents, cipher)
+    venues = providers.Singleton(make_venues, core.settings)
+    brokers = providers.Singleton(VenueBrokerFactory, adapters.paper_brokers, venues)
+    api_brokers = providers.Singleton(VenueBrokerFactory, adapters.api_paper_brokers, venues)
+    instruments = providers.Singleton(VenueInstrumentDirectory, adapters.paper_instruments, venues)

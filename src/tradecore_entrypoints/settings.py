@@ -47,6 +47,7 @@ from tradecore_entrypoints.settings_parsers import (
     text,
     trusted_proxies,
     user_agents,
+    venue_endpoints,
 )
 
 T = TypeVar("T")
@@ -180,6 +181,13 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("PAPER_BROKER_DISCONNECT_EVERY", "paper_disconnect_every", "0",
              "the paper broker drops the connection on every N-th call; 0 never",
              count, strip=True),
+    # real venues
+    Variable("BROKER_ENDPOINTS", "broker_endpoints", "",
+             "venue=URL pairs, comma-separated: calls to that venue go to URL instead "
+             "(a proxy, or a local venue emulator in tests)", venue_endpoints, strip=True),
+    Variable("BROKER_TIMEOUT_MS", "broker_timeout_ms", "10000",
+             "a call to a real venue that takes longer fails (the worker reconnects)",
+             positive, strip=True),
 )  # fmt: skip
 
 
@@ -215,6 +223,8 @@ class Settings:
     worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S
     paper_latency_ms: float = 0.0
     paper_disconnect_every: int = 0
+    broker_endpoints: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    broker_timeout_ms: float = 10_000.0
 
     @property
     def runtime(self) -> str:

@@ -168,6 +168,19 @@ def origins(name: str, value: str) -> frozenset[str]:
     return frozenset(_origin(name, item.strip()) for item in value.split(",") if item.strip())
 
 
+def venue_endpoints(name: str, value: str) -> dict[str, str]:
+    """Comma-separated ``venue=URL`` pairs (a venue id, an http(s) URL with a host)."""
+    endpoints: dict[str, str] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        venue, sep, url = item.partition("=")
+        if not sep or not venue.strip().isidentifier():
+            raise ValueError(f"{name} holds {item.strip()!r}, not a venue=URL pair")
+        endpoints[venue.strip()] = http_url(name, url.strip())
+    return endpoints
+
+
 def user_agents(name: str, value: str) -> frozenset[str]:
     """User-Agent values separated by ``BYPASS_SEPARATOR``; blanks are skipped."""
     return frozenset(ua.strip() for ua in value.split(BYPASS_SEPARATOR) if ua.strip())

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dependency_injector import containers, providers
 
 from tradecore.services.accounts.account_credentials import AccountCredentials
-from tradecore.services.accounts.credential_vault import CredentialVault
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.credentials.broker_accounts import StoredBrokerAccounts
+from tradecore.services.credentials.credential_vault import CredentialVault
 from tradecore.services.execution.fill_verifier import FillVerifier
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import WorkerHost
@@ -32,6 +33,7 @@ from tradecore.services.orders.dashboard_order import DashboardOrders
 from tradecore.services.orders.dispatch import OrderDispatcher
 from tradecore.services.orders.order_checks import OrderChecks
 from tradecore.services.orders.webhook_intake import WebhookIntake
+from tradecore_adapters.brokers.account import VenueAccountBroker
 from tradecore_adapters.http import Services as HttpServices
 from tradecore_entrypoints.system import System
 
@@ -129,12 +131,14 @@ class UseCases(containers.DeclarativeContainer):
         Provisioning, adapters.users, adapters.accounts, shared.hasher, core.clock, core.random
     )
     credential_vault = providers.Singleton(CredentialVault, shared.cipher, shared.transport_key)
+    broker_accounts = providers.Singleton(StoredBrokerAccounts, adapters.accounts, credential_vault)
+    account_broker = providers.Singleton(VenueAccountBroker, shared.api_brokers, broker_accounts)
     trading_accounts = providers.Singleton(
         TradingAccounts,
         adapters.accounts,
         provisioning,
         credential_vault,
-        adapters.instruments,
+        shared.instruments,
         events,
     )
     account_credentials = providers.Singleton(
@@ -142,13 +146,13 @@ class UseCases(containers.DeclarativeContainer):
         adapters.accounts,
         provisioning,
         credential_vault,
-        adapters.account_broker,
+        account_broker,
         events,
     )
 
     # --- orders: intake, checks, hand-over to the user's worker --------------------------
     checks = providers.Singleton(
-        OrderChecks, adapters.limiter, adapters.orders, adapters.instruments, core.order_settings
+        OrderChecks, adapters.limiter, adapters.orders, shared.instruments, core.order_settings
     )
     dispatcher = providers.Singleton(
         OrderDispatcher,
@@ -184,10 +188,11 @@ class UseCases(containers.DeclarativeContainer):
     worker = providers.Factory(
         UserWorker,
         orders=adapters.orders,
-        brokers=adapters.brokers,
+        brokers=shared.brokers,
         fill_tasks=adapters.fill_tasks,
         clock=core.clock,
         sleeper=core.sleeper,
+        accounts=broker_accounts,
     )
     host = providers.Singleton(
         WorkerHost,
@@ -259,8 +264,8 @@ class UseCases(containers.DeclarativeContainer):
         accounts=adapters.accounts,
         orders=adapters.orders,
         audit=adapters.audit,
-        instruments=adapters.instruments,
-        brokers=adapters.account_broker,
+        instruments=shared.instruments,
+        brokers=account_broker,
         readiness=adapters.stores,
         clock=core.clock,
         trading_accounts=trading_accounts,

@@ -40,6 +40,23 @@ def test_a_set_declares_exactly_the_adapter_set_names(adapter_set: type[AdapterS
     assert unfilled == []
 
 
+@pytest.mark.parametrize("adapter_set", SETS, ids=lambda s: s.__name__)
+def test_no_provider_fills_two_names(adapter_set: type[AdapterSet]) -> None:
+    """Overriding a set maps providers by name: one provider under two names would be
+    overridden twice and serve the second name's adapter for both."""
+    names_by_provider: dict[int, list[str]] = {}
+    for name, provider in adapter_set.providers.items():
+        names_by_provider.setdefault(id(provider), []).append(name)
+    assert [names for names in names_by_provider.values() if len(names) > 1] == []
+
+
+def test_the_workers_paper_broker_has_the_configured_conditions() -> None:
+    settings = Settings(database_url=DATABASE_URL, redis_url=REDIS_URL, paper_latency_ms=250)
+    container = build_container(settings)
+    assert container.adapters.paper_brokers()._conditions.latency_s == 0.25
+    assert container.adapters.api_paper_brokers()._conditions is None
+
+
 @pytest.mark.parametrize(
     "settings",
     [Settings(), Settings(database_url=DATABASE_URL, redis_url=REDIS_URL)],
