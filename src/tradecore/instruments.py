@@ -25,21 +25,25 @@ def resolve_symbol(sent: str, symbol_map: Mapping[str, str]) -> str:
     """The venue id for ``sent`` (canonical: trimmed, upper case).
 
     1. the account's ``symbol_map`` (keys canonical), on the symbol as sent;
-    2. an exchange prefix (``BINANCE:``) is dropped unless the symbol is a ccxt unified one
-       (it has a ``/``), and the map is tried again;
+    2. exchange prefixes (``BINANCE:``; the part before a ``:`` that holds no ``/``) are
+       dropped, and the map is tried again;
     3. a ccxt unified symbol ``BASE/QUOTE`` or ``BASE/QUOTE:SETTLE`` becomes ``BASEQUOTE``;
     4. TradingView's perpetual suffix ``.P`` is dropped.
+
+    Without a map, resolving a resolved symbol changes nothing (it holds no ``:``, ``/`` or
+    ``.P`` suffix any more).
     """
     symbol = canonical_symbol(sent)
     if symbol in symbol_map:
         return symbol_map[symbol]
+    prefixed = False
+    while ":" in symbol and "/" not in symbol.split(":", 1)[0]:
+        symbol = symbol.split(":", 1)[1]
+        prefixed = True
+    if prefixed and symbol in symbol_map:
+        return symbol_map[symbol]
     if "/" in symbol:
-        pair = symbol.split(":", 1)[0]
-        return pair.replace("/", "")
-    if ":" in symbol:
-        symbol = symbol.rsplit(":", 1)[1]
-        if symbol in symbol_map:
-            return symbol_map[symbol]
-    if symbol.endswith(PERPETUAL_SUFFIX) and len(symbol) > len(PERPETUAL_SUFFIX):
+        symbol = symbol.split(":", 1)[0].replace("/", "")
+    while symbol.endswith(PERPETUAL_SUFFIX) and len(symbol) > len(PERPETUAL_SUFFIX):
         symbol = symbol[: -len(PERPETUAL_SUFFIX)]
     return symbol

@@ -51,6 +51,7 @@ class Harness(Protocol):
     def partial_next(self) -> None: ...
     def complete(self) -> None: ...
     def lose_next_placement(self) -> None: ...
+    def hedge_mode(self) -> str: ...
     def rate_limit_next_placement(self) -> None: ...
     async def go_down(self) -> None: ...
 
@@ -88,6 +89,9 @@ class PaperHarness:
 
     def lose_next_placement(self) -> None:
         pytest.skip("the paper exchange answers in process: no answer can be lost")
+
+    def hedge_mode(self) -> str:
+        return "ETHUSDT"  # the paper catalogue holds it in hedge mode
 
     def rate_limit_next_placement(self) -> None:
         self.exchange.reject_next(RejectionCode.BROKER_RATE_LIMITED, retry_after=2)
@@ -151,6 +155,12 @@ class EmulatedHarness:
 
     def lose_next_placement(self) -> None:
         self.emulator.fault("POST", self.order_path, LoseAnswer())
+
+    def hedge_mode(self) -> str:
+        if self.name in ("binance", "alpaca"):
+            pytest.skip(f"{self.name} (spot, equities) has no position modes")
+        self.emulator.set_hedge_mode(KEY, True)
+        return self.symbol
 
     def rate_limit_next_placement(self) -> None:
         self.emulator.fault("POST", self.order_path, self.rate_limit)
@@ -306,6 +316,17 @@ async def test_a_venue_rate_limit_is_a_rejection_with_a_wait(harness: Harness) -
     assert order.rejection.code is RejectionCode.BROKER_RATE_LIMITED
     assert order.rejection.retry_after is not None
     assert 1 <= order.rejection.retry_after <= 2
+    assert harness.placed() == 0
+
+
+async def test_a_hedge_mode_account_is_told_to_switch_to_one_way(harness: Harness) -> None:
+    broker = await harness.broker()
+    symbol = harness.hedge_mode()
+    order = await broker.place_order(CID, symbol, Side.BUY, harness.quantity, fresh=True)
+    assert order.status is BrokerOrderStatus.REJECTED
+    assert order.rejection is not None
+    assert order.rejection.code is RejectionCode.POSITION_MODE_MISMATCH
+    assert "one-way" in order.rejection.message
     assert harness.placed() == 0
 
 

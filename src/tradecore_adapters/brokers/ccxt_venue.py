@@ -5,16 +5,19 @@ What a ``CcxtBroker`` (one account's connection, owned by its worker) does:
 
 * ``connect`` loads the venue's markets once per connection (never per order) and makes an
   authenticated read (the balance), so refused keys surface as ``CredentialsRejected`` at
-  once; on derivatives it reads the position mode where the venue reports it (Binance).
+  once.
 * Orders are market orders under the venue client id ``client_ids.venue_client_id`` derives
   from the core's id. Placing is idempotent: a caller that cannot rule out an earlier attempt
   (``fresh`` False) looks the id up first; a duplicate-id refusal, a timeout or a dropped line
   during the placement is resolved by fetching the order by its client id, never by placing
   it again (when the lookup finds nothing the call raises ``BrokerDisconnected`` and the
   worker's retry looks it up once more before placing).
-* Exits and closes are reduce-only on derivatives. In hedge (two-way) mode nothing is sent:
-  the order is answered ``position_mode_mismatch`` (tradecore keeps one signed position per
-  symbol; a hedge account would need a leg chosen per order).
+* Exits and closes are reduce-only on derivatives. tradecore keeps one signed position per
+  symbol, so it trades one-way accounts: a hedge-mode (two-way) account's order is refused by
+  the venue itself (Binance -4061, Bybit "position idx not match position mode") and
+  answered ``position_mode_mismatch``, which tells the user to switch to one-way mode.
+  The mode is not read up front: Binance's position-mode query weighs 30, and ccxt's rate
+  limiter would hold the next call of a fresh connection back by 1.5 s.
 * A quantity the venue's step does not divide, or below its minimum, is refused here with
   ``invalid_quantity`` rather than rounded: a trader gets exactly the size the alert sent.
 * ccxt's rate limiter is on; a venue's 429/418 becomes ``broker_rate_limited`` with the
@@ -248,7 +251,6 @@ class CcxtBroker:
         self._account = account
         self._exchange: Any = None
         self._markets: dict[str, dict[str, Any]] = {}
-        self._hedged = False
 
     @property
     def name(self) -> str:
@@ -265,11 +267,6 @@ class CcxtBroker:
         exchange = self._exchange
         await self._guarded(self._load_markets())
         await self._guarded(exchange.fetch_balance())
-        if self._dialect.derivatives and exchange.has.get("fetchPositionMode"):
-            some = next(iter(self._markets.values()), None)
-            symbol = None if some is None else some["symbol"]
-            mode = await self._guarded(exchange.fetch_position_mode(symbol))
-            self._hedged = bool(mode.get("hedged"))
 
     async def close(self) -> None:
         if self._exchange is not None:
@@ -326,8 +323,6 @@ class CcxtBroker:
         market = self._markets.get(symbol)
         if market is None:
             return refused(rejection(RejectionCode.INVALID_SYMBOL, None))
-        if self._hedged:
-            return refused(rejection(RejectionCode.POSITION_MODE_MISMATCH, None))
         problem = self._quantity_problem(market, quantity)
         if problem is not None:
             return refused(rejection(RejectionCode.INVALID_QUANTITY, problem))
