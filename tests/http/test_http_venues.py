@@ -104,6 +104,8 @@ async def test_an_account_at_a_venue_is_checked_by_the_venue_and_trades_there(
     item = await session.request("GET", f"/trading/orders/{result['order_id']}")
     history = await item.json()
     assert (history["broker_name"], history["symbol"]) == ("binanceusdm", "BTCUSDT")
+    held = await session.request("GET", f"/trading/accounts/{account['id']}/positions")
+    assert (await held.json())["positions"] == [{"symbol": "BTCUSDT", "quantity": "0.01"}]
 
 
 async def test_the_same_alert_in_another_symbol_form_is_a_replay(
