@@ -23,6 +23,7 @@ from tradecore.ports.broker import BrokerFactory, InstrumentDirectory
 from tradecore.ports.documents import DocumentStore
 from tradecore.ports.identity import CaptchaVerifier, Mailer
 from tradecore.ports.messaging import FillTaskQueue, OrderQueue, WorkerDirectory
+from tradecore.ports.prices import PriceSource
 from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
 from tradecore.ports.repositories import (
     AllowedIpRepository,
@@ -39,6 +40,7 @@ from tradecore_adapters.brokers.alpaca_venue import AlpacaVenue
 from tradecore_adapters.brokers.ccxt_venue import DIALECTS, CcxtVenue
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
+from tradecore_adapters.brokers.prices import CcxtTickerPrices, StaticPrices
 from tradecore_adapters.brokers.registry import PaperBrokerFactory, PaperInstrumentDirectory
 from tradecore_adapters.brokers.venues import (
     VenueBrokerFactory,
@@ -141,6 +143,9 @@ class AdapterSet(containers.DeclarativeContainer):
     fill_tasks: providers.Provider[FillTaskQueue] = port(FillTaskQueue)
     exchange: providers.Provider[PaperExchange] = port(PaperExchange)
     simulation_exchange: providers.Provider[PaperExchange] = port(PaperExchange)
+    paper_prices: providers.Provider[PriceSource] = port(
+        PriceSource
+    )  # PAPER_PRICES: where both paper exchanges take each new order's price
     paper_brokers: providers.Provider[BrokerFactory] = port(
         BrokerFactory
     )  # the paper broker the workers trade through
@@ -158,6 +163,19 @@ def _memory_queue(clock: Clock, directory: MemoryWorkerDirectory) -> MemoryOrder
     queue = MemoryOrderQueue(clock, directory)
     directory.attach_queue(queue)
     return queue
+
+
+def make_paper_prices(settings: Settings) -> PriceSource:
+    """PAPER_PRICES: the catalogue's fixed prices, or a ccxt venue's public ticker (at the
+    venue's BROKER_ENDPOINTS entry when there is one, with BROKER_TIMEOUT_MS)."""
+    venue = settings.paper_price_venue
+    if venue is None:
+        return StaticPrices()
+    return CcxtTickerPrices(
+        venue,
+        endpoint=settings.broker_endpoints.get(venue),
+        timeout_ms=int(settings.broker_timeout_ms),
+    )
 
 
 class MemoryAdapters(AdapterSet):
@@ -182,13 +200,22 @@ class MemoryAdapters(AdapterSet):
     fill_tasks = providers.Singleton(MemoryFillTaskQueue, AdapterSet.core.clock)
     exchange = providers.Singleton(PaperExchange)
     simulation_exchange = providers.Singleton(PaperExchange)
+    paper_prices = providers.Singleton(make_paper_prices, AdapterSet.core.settings)
     paper_brokers = providers.Singleton(
-        PaperBrokerFactory, exchange, simulation_exchange, AdapterSet.core.clock
+        PaperBrokerFactory,
+        exchange,
+        simulation_exchange,
+        AdapterSet.core.clock,
+        prices=paper_prices,
     )
     # its own provider (over the same exchanges): a container override maps providers by
     # name, and one provider under two names would take the override of the last one
     api_paper_brokers = providers.Singleton(
-        PaperBrokerFactory, exchange, simulation_exchange, AdapterSet.core.clock
+        PaperBrokerFactory,
+        exchange,
+        simulation_exchange,
+        AdapterSet.core.clock,
+        prices=paper_prices,
     )
     paper_instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Object(EMBEDDED_HOLDER)
@@ -228,6 +255,7 @@ class PostgresRedisAdapters(AdapterSet):
     )
     exchange = providers.Singleton(PaperExchange)
     simulation_exchange = providers.Singleton(PaperExchange)
+    paper_prices = providers.Singleton(make_paper_prices, AdapterSet.core.settings)
     paper_brokers = providers.Singleton(
         PersistentPaperBrokerFactory,
         exchange,
@@ -236,6 +264,7 @@ class PostgresRedisAdapters(AdapterSet):
         AdapterSet.core.clock,
         conditions=AdapterSet.core.paper_conditions,
         sleeper=AdapterSet.core.sleeper,
+        prices=paper_prices,
     )
     # The API reads the books the workers keep, without the simulated latency and faults
     # (PAPER_BROKER_*) that are there to test the workers.
@@ -245,6 +274,7 @@ class PostgresRedisAdapters(AdapterSet):
         simulation_exchange,
         documents,
         AdapterSet.core.clock,
+        prices=paper_prices,
     )
     paper_instruments = providers.Singleton(PaperInstrumentDirectory, exchange)
     worker_holder = providers.Singleton(host_identity)

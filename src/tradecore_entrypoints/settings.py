@@ -37,6 +37,7 @@ from tradecore_entrypoints.settings_parsers import (
     mark_ttl,
     non_negative,
     origins,
+    paper_prices,
     plan_caps,
     positive,
     positive_integer,
@@ -181,6 +182,10 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("PAPER_BROKER_DISCONNECT_EVERY", "paper_disconnect_every", "0",
              "the paper broker drops the connection on every N-th call; 0 never",
              count, strip=True),
+    Variable("PAPER_PRICES", "paper_prices", "static",
+             "where paper orders take their prices: static (the catalogue's) or "
+             "ccxt:<venue> (that venue's public ticker, for the crypto perpetuals)",
+             paper_prices, strip=True),
     # real venues
     Variable("BROKER_ENDPOINTS", "broker_endpoints", "",
              "venue=URL pairs, comma-separated: calls to that venue go to URL instead "
@@ -223,6 +228,7 @@ class Settings:
     worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S
     paper_latency_ms: float = 0.0
     paper_disconnect_every: int = 0
+    paper_prices: str = "static"
     broker_endpoints: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     broker_timeout_ms: float = 10_000.0
 
@@ -283,6 +289,12 @@ class Settings:
         return PaperConditions(
             latency_s=self.paper_latency_ms / 1000, disconnect_every=self.paper_disconnect_every
         )
+
+    @property
+    def paper_price_venue(self) -> str | None:
+        """The ccxt venue whose ticker PAPER_PRICES names, None for the static prices."""
+        kind, _, venue = self.paper_prices.partition(":")
+        return venue if kind == "ccxt" else None
 
     def auth_settings(self) -> AuthSettings:
         return AuthSettings(

@@ -12,6 +12,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from tradecore.limits import PlanCaps
 from tradecore.netaddr import IPNetwork, parse_trusted_proxies
+from tradecore_adapters.brokers.ccxt_venue import DIALECTS
 from tradecore_adapters.crypto.cipher import parse_key
 from tradecore_adapters.crypto.tokens import MIN_SECRET_BYTES
 from tradecore_adapters.mail.smtp import SmtpSettings
@@ -19,6 +20,9 @@ from tradecore_adapters.mail.smtp import SmtpSettings
 MIN_MARK_TTL_S = 3.0
 """The shortest lease WORKER_MARK_TTL_S may set: the heartbeat renews every sixth of it, and
 a renewal must come back well within that."""
+
+STATIC_PRICES = "static"
+"""PAPER_PRICES for the catalogue's fixed prices; ``ccxt:<venue>`` reads a venue's ticker."""
 
 BYPASS_SEPARATOR = "|"
 """Separates CAPTCHA_BYPASS_USER_AGENTS entries (a User-Agent may hold commas)."""
@@ -179,6 +183,17 @@ def venue_endpoints(name: str, value: str) -> dict[str, str]:
             raise ValueError(f"{name} holds {item.strip()!r}, not a venue=URL pair")
         endpoints[venue.strip()] = http_url(name, url.strip())
     return endpoints
+
+
+def paper_prices(name: str, value: str) -> str:
+    """``static``, or ``ccxt:`` and a built-in ccxt venue (``DIALECTS``: ``binanceusdm``,
+    ``binance``, ``bybit``), in any case; returned in lower case."""
+    choice = value.lower()
+    kind, sep, venue = choice.partition(":")
+    if choice == STATIC_PRICES or (kind == "ccxt" and sep and venue in DIALECTS):
+        return choice
+    venues = ", ".join(f"ccxt:{venue}" for venue in DIALECTS)
+    raise ValueError(f"{name} must be {STATIC_PRICES} or one of {venues}, got {value!r}")
 
 
 def user_agents(name: str, value: str) -> frozenset[str]:

@@ -2,12 +2,15 @@
 
 ``PaperExchange`` holds the shared state (catalogue, prices, one book per account, scripted
 behaviour); ``PaperBroker`` is one account's connection (``tradecore.ports.broker.Broker``).
-Orders are market orders filled at the instrument's current price (its reference price until
-``set_price``). Checks, in order: a known client order id returns the recorded order; the next
-scripted step (``script``) may refuse it; unknown symbol (``invalid_symbol``); hedge position
-mode (``position_mode_mismatch``); market hours (``market_closed``, the message carries the
-hours); a reduce-only order is capped at what is held against it (cancelled when nothing is);
-the opening part must fit the available balance (``insufficient_margin``).
+Orders are market orders filled at the instrument's current price: its reference price until
+``set_price``; a ``PaperBroker`` with a price source (``tradecore.ports.prices``) sets the
+source's price before placing each new order (without one, or when the source has none, the
+exchange keeps its last known price). Checks, in order: a known client order id returns the
+recorded order; the next scripted step (``script``) may refuse it; unknown symbol
+(``invalid_symbol``); hedge position mode (``position_mode_mismatch``); market hours
+(``market_closed``, the message carries the hours); a reduce-only order is capped at what is
+held against it (cancelled when nothing is); the opening part must fit the available balance
+(``insufficient_margin``).
 
 The exchange's state is JSON-compatible through ``snapshot`` and ``restore``; connections and
 scheduled disconnects are not part of it (a restart drops them anyway).
@@ -26,6 +29,7 @@ import cattrs
 
 from tradecore.orders import OrderError, RejectionCode, Side
 from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
+from tradecore.ports.prices import PriceSource
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.book import Account, Holding, PaperOrder, reducible
 from tradecore_adapters.brokers.catalogue import Instrument, PositionMode, default_catalogue
@@ -327,6 +331,8 @@ class PaperBroker:
     Calls raise ``BrokerDisconnected`` until ``connect`` has been called, and after the
     exchange drops the connection (``PaperExchange.disconnect``). With ``conditions`` and a
     ``sleeper`` every call first waits the simulated latency and may find the line dropped.
+    With ``prices`` a new order first moves its symbol to the source's price (None: the
+    exchange's prices stay as they are).
     """
 
     def __init__(
@@ -337,12 +343,14 @@ class PaperBroker:
         *,
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
+        prices: PriceSource | None = None,
     ) -> None:
         self.exchange = exchange
         self.account_id = account_id
         self._clock = clock
         self._conditions = conditions or PaperConditions()
         self._sleeper = sleeper
+        self._prices = prices
 
     @property
     def name(self) -> str:
@@ -374,6 +382,7 @@ class PaperBroker:
         fresh: bool = False,  # nothing to skip: the exchange in memory holds every order
     ) -> BrokerOrder:
         await self._arrive()
+        await self._mark(client_order_id, symbol)
         return self.exchange.place(
             self.account_id,
             client_order_id,
@@ -387,6 +396,19 @@ class PaperBroker:
     async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
         await self._arrive()
         return self.exchange.order_status(self.account_id, client_order_id)
+
+    async def _mark(self, client_order_id: str, symbol: str) -> None:
+        """Set the source's price of ``symbol`` before a new order fills at it (an order
+        placed again fills at nothing: no price is asked)."""
+        if (
+            self._prices is None
+            or symbol not in self.exchange.catalogue
+            or self.exchange.knows_order(self.account_id, client_order_id)
+        ):
+            return
+        price = await self._prices.price(symbol)
+        if price is not None:
+            self.exchange.set_price(symbol, price)
 
     async def _travel(self) -> None:
         if self._conditions.latency_s > 0 and self._sleeper is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from tradecore.orders import Side
 from tradecore.ports.broker import BrokerAccount, BrokerOrder
 from tradecore.ports.documents import DocumentStore
+from tradecore.ports.prices import PriceSource
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
@@ -39,12 +40,13 @@ class PersistentPaperBroker:
         book: str,
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
+        prices: PriceSource | None = None,
     ) -> None:
         self._exchange = exchange
         self._store = store
         self._account_id = account_id
         self._inner = PaperBroker(
-            exchange, account_id, clock, conditions=conditions, sleeper=sleeper
+            exchange, account_id, clock, conditions=conditions, sleeper=sleeper, prices=prices
         )
         self._prefix = f"paper:{book}:{account_id}"
         self._loaded = False
@@ -131,7 +133,7 @@ class PersistentPaperBroker:
 
 class PersistentPaperBrokerFactory:
     """BrokerFactory for real mode: paper books kept in a DocumentStore; simulated orders on
-    their own book."""
+    their own book. ``prices`` as for ``PaperBrokerFactory``."""
 
     def __init__(
         self,
@@ -142,6 +144,7 @@ class PersistentPaperBrokerFactory:
         *,
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
+        prices: PriceSource | None = None,
     ) -> None:
         self._exchange = exchange
         self._simulation_exchange = simulation_exchange
@@ -149,6 +152,7 @@ class PersistentPaperBrokerFactory:
         self._clock = clock
         self._conditions = conditions
         self._sleeper = sleeper
+        self._prices = prices
 
     def open(self, account: BrokerAccount, *, simulation: bool) -> PersistentPaperBroker:
         if not simulation and account.broker_name != PAPER:
@@ -161,6 +165,7 @@ class PersistentPaperBrokerFactory:
             book="simulation" if simulation else "live",
             conditions=self._conditions,
             sleeper=self._sleeper,
+            prices=self._prices,
         )
 
     def venues(self) -> frozenset[str]:

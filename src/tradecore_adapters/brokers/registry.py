@@ -7,6 +7,7 @@ on another, so a simulation never moves the real book.
 from __future__ import annotations
 
 from tradecore.ports.broker import BrokerAccount
+from tradecore.ports.prices import PriceSource
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 
@@ -14,7 +15,9 @@ PAPER = "paper"
 
 
 class PaperBrokerFactory:
-    """Opens paper connections: ``simulation`` always uses the simulation exchange."""
+    """Opens paper connections: ``simulation`` always uses the simulation exchange. With
+    ``prices`` both exchanges take each new order's price from that source (None: the
+    exchanges' own prices, the catalogue's until a test sets one)."""
 
     def __init__(
         self,
@@ -24,12 +27,14 @@ class PaperBrokerFactory:
         *,
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
+        prices: PriceSource | None = None,
     ) -> None:
         self._exchange = exchange
         self._simulation_exchange = simulation_exchange
         self._clock = clock
         self._conditions = conditions
         self._sleeper = sleeper
+        self._prices = prices
 
     def open(self, account: BrokerAccount, *, simulation: bool) -> PaperBroker:
         """A new, not yet connected broker for the account; raises ValueError for a broker
@@ -43,6 +48,7 @@ class PaperBrokerFactory:
             self._clock,
             conditions=self._conditions,
             sleeper=self._sleeper,
+            prices=self._prices,
         )
 
     def venues(self) -> frozenset[str]:
