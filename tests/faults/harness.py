@@ -8,7 +8,8 @@ processes against real Postgres and Redis, and the faults the tests inject.
 * ``Stack``: one test's processes (``tradecore serve`` and ``tradecore worker``) with their
   environment, each one's output in a log file under the test's ``tmp_path``; ``close`` ends
   every process (SIGTERM, then SIGKILL).
-* ``Api``: the HTTP calls a user makes (webhook, login, dashboard order, order lookup).
+* ``Api``: the HTTP calls a user makes (webhook, login, dashboard order, order lookup) and,
+  as a ``Browser`` (a cookie session with its CSRF token), the account management calls.
 * ``Database``: the module's throwaway database, for reading what the processes wrote.
 
 Every wait is bounded; a timeout names what was awaited and shows the processes' logs.
@@ -414,7 +415,8 @@ class Process:
 
 @attrs.frozen
 class Account:
-    """What ``tradecore admin create-account`` printed."""
+    """What ``tradecore admin create-account`` printed (or ``POST /trading/accounts``
+    answered: ``from_created``)."""
 
     trading_account_id: str
     webhook_token: str
@@ -423,6 +425,14 @@ class Account:
     @property
     def path(self) -> str:
         return f"/webhook/{self.webhook_token}/order"
+
+    @classmethod
+    def from_created(cls, body: Mapping[str, Any]) -> Account:
+        """The account of a ``POST /trading/accounts`` answer (its webhook URL's token)."""
+        url = str(body["webhook_url"])
+        prefix, _, token = url.removesuffix("/order").rpartition("/webhook/")
+        assert prefix and token, f"not a webhook URL: {url}"
+        return cls(str(body["account"]["id"]), token, str(body["webhook_secret"]))
 
 
 async def run_cli(
@@ -593,6 +603,8 @@ class Reply:
     status: int
     content_type: str
     body: Any
+    cookies: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    """The cookies the answer set (name to value)."""
 
     def __str__(self) -> str:
         return f"{self.status} {self.content_type} {self.body!r}"
@@ -619,6 +631,24 @@ def webhook_body(
     ).encode()
 
 
+@attrs.frozen
+class Browser:
+    """A logged-in browser: the session cookies and the session's CSRF token."""
+
+    cookies: Mapping[str, str] = attrs.field(repr=False)
+    csrf_token: str = attrs.field(repr=False)
+
+    @property
+    def access_token(self) -> str:
+        """The access token of the session (also good as a bearer token)."""
+        return self.cookies["access_token"]
+
+    def headers(self) -> dict[str, str]:
+        """What the browser sends with an unsafe request: its cookies and the CSRF token."""
+        cookie = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
+        return {"Cookie": cookie, "X-CSRF-Token": self.csrf_token}
+
+
 class Api:
     """One API process, called as a user would call it."""
 
@@ -639,7 +669,8 @@ class Api:
                 body: Any = json.loads(text) if text else None
             except ValueError:
                 body = text
-            return Reply(response.status, response.content_type, body)
+            cookies = {name: morsel.value for name, morsel in response.cookies.items()}
+            return Reply(response.status, response.content_type, body, cookies)
 
     async def ready_status(self) -> int | None:
         try:
@@ -661,6 +692,36 @@ class Api:
             "POST",
             "/auth/login",
             json={"email": email, "password": password, "turnstile_token": ""},
+        )
+
+    async def browser(self, email: str, password: str = PASSWORD) -> Browser:
+        """Log in as a browser does (aiohttp's jar would not send the Secure cookies over
+        plain http, so they are kept by hand)."""
+        reply = await self.login(email, password)
+        assert reply.status == 200, f"login failed: {reply}"
+        assert "access_token" in reply.cookies, f"no session cookie: {reply}"
+        return Browser(dict(reply.cookies), str(reply.body["csrf_token"]))
+
+    async def create_trading_account(
+        self,
+        browser: Browser,
+        name: str,
+        broker: str,
+        credentials: Mapping[str, str] | None = None,
+        **fields: Any,
+    ) -> Reply:
+        """``POST /trading/accounts`` (201 with the webhook URL and secret)."""
+        body: dict[str, Any] = {"name": name, "broker": broker, **fields}
+        if credentials is not None:
+            body["credentials"] = dict(credentials)
+        return await self._call("POST", "/trading/accounts", json=body, headers=browser.headers())
+
+    async def verify_credentials(self, browser: Browser, account_id: str) -> Reply:
+        """``POST /trading/accounts/{id}/verify-credentials`` (the API asks the venue)."""
+        return await self._call(
+            "POST",
+            f"/trading/accounts/{account_id}/verify-credentials",
+            headers=browser.headers(),
         )
 
     async def access_token(self, email: str, password: str = PASSWORD) -> str:

@@ -8,7 +8,11 @@ A fault applies to the next ``times`` requests whose method and path match:
 * ``Delay``: wait ``seconds`` before handling (a slow venue; a client with a shorter timeout
   gives up while the request is still in flight);
 * ``LoseAnswer``: handle the request (the venue's state changes, an order is accepted) and then
-  close the connection without an answer, as when a connection drops after the venue acted.
+  close the connection without an answer, as when a connection drops after the venue acted;
+* ``Hold``: handle the request (the venue acts), set the fault's ``accepted`` event and keep
+  the answer back until the test sets ``release`` (never, if it does not): the moment after a
+  venue took an order and before its client heard of it, e.g. to kill the client then.
+  ``close`` releases every held answer, so a server never waits on one to shut down.
 """
 
 from __future__ import annotations
@@ -41,7 +45,17 @@ class LoseAnswer:
     pass
 
 
-Fault = Refuse | Delay | LoseAnswer
+@attrs.frozen(eq=False)
+class Hold:
+    """``accepted`` is set once the venue handled a held request; its answer leaves only
+    after ``release`` is set. One ``Hold`` scheduled ``times`` > 1 holds every match until
+    the one ``release``."""
+
+    accepted: asyncio.Event = attrs.field(factory=asyncio.Event)
+    release: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+
+Fault = Refuse | Delay | LoseAnswer | Hold
 
 
 @attrs.define
@@ -59,6 +73,7 @@ class LocalVenue:
         self.app = web.Application(middlewares=[self._faults_middleware])
         self.requests: list[tuple[str, str]] = []
         self._faults: list[_Scheduled] = []
+        self._holds: list[Hold] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -76,6 +91,8 @@ class LocalVenue:
         self.port = server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        for hold in self._holds:
+            hold.release.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -124,6 +141,10 @@ class LocalVenue:
             await request.read()  # a slow venue has the request: the client may give up now
             await asyncio.sleep(fault.seconds)
         response = await handler(request)
+        if isinstance(fault, Hold):
+            self._holds.append(fault)
+            fault.accepted.set()  # the venue acted; the client waits for the answer
+            await fault.release.wait()
         if isinstance(fault, LoseAnswer):
             if request.transport is not None:
                 request.transport.close()
