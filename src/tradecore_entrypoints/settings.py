@@ -285,6 +285,11 @@ class Settings:
             poll_s=WORKER_POLL_S,
         )
 
+    def venue_check_timeout_s(self) -> float:
+        """How long the API's own venue calls (a credential check, a positions read) may take
+        in all: a few of BROKER_TIMEOUT_MS, since each makes a few requests."""
+        return 3 * self.broker_timeout_ms / 1000
+
     def paper_conditions(self) -> PaperConditions:
         return PaperConditions(
             latency_s=self.paper_latency_ms / 1000, disconnect_every=self.paper_disconnect_every

@@ -35,6 +35,7 @@ from tradecore.services.orders.order_checks import OrderChecks
 from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.brokers.account import VenueAccountBroker
 from tradecore_adapters.http import Services as HttpServices
+from tradecore_entrypoints.settings import Settings
 from tradecore_entrypoints.system import System
 
 
@@ -132,7 +133,12 @@ class UseCases(containers.DeclarativeContainer):
     )
     credential_vault = providers.Singleton(CredentialVault, shared.cipher, shared.transport_key)
     broker_accounts = providers.Singleton(StoredBrokerAccounts, adapters.accounts, credential_vault)
-    account_broker = providers.Singleton(VenueAccountBroker, shared.api_brokers, broker_accounts)
+    account_broker = providers.Singleton(
+        VenueAccountBroker,
+        shared.api_brokers,
+        broker_accounts,
+        timeout_s=providers.Callable(Settings.venue_check_timeout_s, core.settings),
+    )
     trading_accounts = providers.Singleton(
         TradingAccounts,
         adapters.accounts,

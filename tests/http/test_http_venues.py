@@ -5,6 +5,7 @@ talks to it through ``BROKER_ENDPOINTS``); the service is the embedded runtime."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
@@ -196,3 +197,30 @@ async def test_a_venue_nobody_lists_is_refused(env: Env) -> None:
     )
     assert refused.status == 400
     assert "broker is not supported" in await refused.text()
+
+
+async def test_no_credential_reaches_a_log_line_or_the_audit_log(
+    env: Env, venue: BinanceVenue, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    session, created = await open_account(env, secret="wrong-secret")
+    account_id = created["account"]["id"]
+    assert (await verify(session, account_id)).status == 400
+    replaced = await session.request(
+        "PATCH",
+        f"/trading/accounts/{account_id}",
+        json={"credentials": {"api_key": KEY, "api_secret": SECRET}},
+    )
+    assert replaced.status == 200
+    assert (await verify(session, account_id)).status == 200
+    assert (await send_webhook(env, created, "BTCUSDT")).status == 200
+    await venue.close()  # and a venue that went away
+    assert (await verify(session, account_id)).status == 503
+
+    logged = "\n".join(
+        f"{r.getMessage()} {r.exc_text or ''} {r.stack_info or ''}" for r in caplog.records
+    )
+    audited = "\n".join(repr(s.entry) for s in env.audit())
+    for secret in ("wrong-secret", SECRET, KEY):
+        assert secret not in logged
+        assert secret not in audited

@@ -29,6 +29,7 @@ Symbols are the venue's ids (``BTCUSDT``); ccxt's unified names stay inside this
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -49,6 +50,18 @@ from tradecore_adapters.brokers.venue_errors import (
     retry_after_s,
     venue_detail,
 )
+
+
+class _NoWireDumps(logging.Filter):
+    """ccxt logs every request's headers (the API key among them) and body at DEBUG level:
+    such records are dropped, whatever level an operator sets, so no credential reaches a
+    log (found by tests/http/test_http_venues.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+logging.getLogger("ccxt.base.exchange").addFilter(_NoWireDumps())
 
 MARKETS_TTL_S = 3600.0
 """How long the API keeps a venue's public market list before loading it again."""
