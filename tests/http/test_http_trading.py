@@ -184,7 +184,7 @@ async def test_dashboard_order_200_and_history(env: Env, trader: Trader, session
 @pytest.mark.parametrize(
     "changes",
     [
-        {"quantity": "1"},
+        {"quantity": "1e3"},
         {"quantity": 0},
         {"action": "hold"},
         {"symbol": "BTC USDT!"},

@@ -121,6 +121,9 @@ def test_symbol_is_stripped_and_upper_cased(raw: str, expected: str) -> None:
         (RawJson("1.000000000000000"), "1"),  # trailing zeros are not decimal places
         (RawJson("1000000000"), "1000000000"),
         (RawJson("1E9"), "1000000000"),
+        ("0.5", "0.5"),  # a quoted TradingView placeholder is the same number
+        ("2", "2"),
+        ("1.50", "1.5"),
     ],
 )
 def test_quantity_is_exact_and_normalized(raw: RawJson, expected: str) -> None:
@@ -218,7 +221,14 @@ def test_text_plain_style_body_with_surrounding_whitespace_parses() -> None:
         (body(extra=RawJson("[1, NaN]")), None),
         (body(quantity=True), "quantity"),
         (body(quantity=False), "quantity"),
-        (body(quantity="1"), "quantity"),
+        (body(quantity="1e3"), "quantity"),  # a quoted quantity is a plain decimal only
+        (body(quantity=" 1"), "quantity"),
+        (body(quantity="+1"), "quantity"),
+        (body(quantity="-1"), "quantity"),
+        (body(quantity=".5"), "quantity"),
+        (body(quantity="1."), "quantity"),
+        (body(quantity="0"), "quantity"),
+        (body(quantity="\u0661"), "quantity"),  # an Arabic-Indic digit one
         (body(quantity=None), "quantity"),
         (body(quantity=[1]), "quantity"),
         (body(quantity=0), "quantity"),
@@ -330,7 +340,7 @@ def test_huge_integers_are_refused_anywhere(digits: int) -> None:
 
 
 def test_errors_list_every_faulty_field() -> None:
-    result = refused(body(action="x", symbol="", quantity="1", secret=""))
+    result = refused(body(action="x", symbol="", quantity="1e0", secret=""))
     fields = sorted(error.rsplit("$.", 1)[1] for error in result.errors)
     assert fields == ["action", "quantity", "secret", "symbol"]
 

@@ -43,6 +43,9 @@ MAX_JSON_DEPTH = 32
 MAX_INTEGER_DIGITS = 64
 
 # TradingView tickers: ES1!, BINANCE:BTCUSDT, EUR/USD, BRK.B. Matched after strip + upper.
+QUOTED_QUANTITY = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?")
+"""A quantity sent as a string (a quoted TradingView placeholder, ``"0.5"``): a plain decimal,
+ASCII digits only, no sign, no exponent, no blanks. It is the same number as ``0.5``."""
 SYMBOL_PATTERN = re.compile(r"[A-Z0-9][A-Z0-9._\-/:!]{0,39}")
 
 
@@ -239,8 +242,10 @@ def _symbol(value: object, _: object) -> str:
 
 
 def _quantity(value: object, _: object) -> Decimal:
+    if isinstance(value, str) and QUOTED_QUANTITY.fullmatch(value):
+        value = Decimal(value)
     if isinstance(value, bool) or not isinstance(value, int | Decimal):
-        raise _FieldError("must be a JSON number")
+        raise _FieldError("must be a JSON number, or a string holding a plain decimal")
     quantity = Decimal(value)
     if not quantity.is_finite() or quantity <= 0 or quantity > MAX_QUANTITY:
         raise _FieldError(f"must be a positive number not above {MAX_QUANTITY:f}")
