@@ -93,3 +93,18 @@ def test_the_load_generator_gets_every_webhook_filled(seeded_server: Path, tmp_p
     webhooks = json.loads(written.read_text())["webhooks"]
     assert webhooks["requests"] == 20
     assert webhooks["errors"] == 0, webhooks["error_kinds"]
+
+
+@pytest.mark.parametrize("venue", ["binanceusdm", "paper"])
+def test_the_venue_adapter_bench_fills_every_order(venue: str) -> None:
+    done = run_script(
+        "bench/venue_adapter.py", "--venue", venue, "--orders", "3", "--repeat", "1",
+        "--warmup", "2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = last_dict(done.stdout)
+    runs = result["runs"]
+    assert [run["pacing"] for run in runs] == (["venue", "fast"] if venue != "paper" else ["none"])
+    assert result["placed"] == 3 * len(runs)
+    assert result["filled"] == result["placed"]
+    assert all(run["place"]["cpu_us"] > 0 and run["status"]["cpu_us"] > 0 for run in runs)

@@ -20,8 +20,8 @@ What a ``CcxtBroker`` (one account's connection, owned by its worker) does:
   limiter would hold the next call of a fresh connection back by 1.5 s.
 * A quantity the venue's step does not divide, or below its minimum, is refused here with
   ``invalid_quantity`` rather than rounded: a trader gets exactly the size the alert sent.
-* ccxt's rate limiter is on; a venue's 429/418 becomes ``broker_rate_limited`` with the
-  venue's ``Retry-After``.
+* ccxt's rate limiter is on, over a rolling minute (``RATE_LIMITER``); a venue's 429/418
+  becomes ``broker_rate_limited`` with the venue's ``Retry-After``.
 
 Symbols are the venue's ids (``BTCUSDT``); ccxt's unified names stay inside this module.
 """
@@ -62,6 +62,14 @@ class _NoWireDumps(logging.Filter):
 
 
 logging.getLogger("ccxt.base.exchange").addFilter(_NoWireDumps())
+
+RATE_LIMITER = {"rateLimiterAlgorithm": "rollingWindow", "rollingWindowSize": 60_000}
+"""ccxt's rate limiter, counting each venue's request weights over a rolling minute (the budget
+is ccxt's ``rateLimit`` per weight unit: 1,200 per minute on Binance) instead of its default
+leaky bucket. That bucket refills only while a request waits (ccxt 4.5.90), so every call
+waited the previous call's weight times ``rateLimit`` however long ago it was: 50-200 ms per
+Binance call and 100-150 ms per Bybit call even with orders a second apart, plus CPU spent
+polling (bench/venue_adapter.py, docs/performance.md)."""
 
 MARKETS_TTL_S = 3600.0
 """How long the API keeps a venue's public market list before loading it again."""
@@ -170,6 +178,7 @@ class CcxtVenue:
         ``testnet``. Raises ``ValueError`` when the venue has none."""
         config: dict[str, Any] = {
             "enableRateLimit": True,
+            **RATE_LIMITER,
             "timeout": self._timeout_ms,
             "options": dict(self.dialect.options),
             **self._config,
