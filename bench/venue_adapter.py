@@ -26,7 +26,9 @@ back. The debt is paid back only while a request waits (ccxt 4.5.90 restarts the
 clock when a request arrives after a pause; ccxt/ccxt#25556), so each request waits the cost
 of the one before it, however long ago that was. ``--pacing`` (comma-separated, default
 ``venue,fast``): ``venue`` keeps ccxt's ``rateLimit`` for the venue (Binance 50 ms, Bybit
-20 ms, as ccxt paces the real venue); ``fast`` sets it to 1 ms (each wait shrinks to the
+20 ms) with the limiter the adapter configures (``RATE_LIMITER``: since the measurements of
+the leaky bucket above, a rolling minute, which waits only when the minute's budget is
+spent); ``fast`` sets it to 1 ms (each wait shrinks to the
 cost in ms); ``off`` turns the limiter off (``enableRateLimit`` False), leaving only the
 adapter's own cost. ``--gap S`` pauses S seconds before each timed call (not timed), as when
 orders come seconds apart: the waits stay.
