@@ -17,8 +17,9 @@ from aiohttp import web
 from tradecore_adapters.http.access_log import RedactingAccessLogger
 from tradecore_adapters.http.config import CLIENT_MAX_SIZE, HttpConfig
 from tradecore_adapters.http.middlewares import MIDDLEWARES, security_headers
-from tradecore_adapters.http.routes import accounts, auth, orders, settings, system
+from tradecore_adapters.http.routes import accounts, auth, orders, pages, settings, system
 from tradecore_adapters.http.state import CONFIG, OPENAPI, SERVICES, Services
+from tradecore_adapters.http.ui import setup_templates
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
@@ -42,8 +43,9 @@ def create_app(
     app[SERVICES] = services
     app[CONFIG] = config
     app[OPENAPI] = openapi_document()
-    for module in (system, auth, accounts, orders, settings):
+    for module in (system, auth, accounts, orders, settings, pages):
         app.add_routes(module.routes)
+    setup_templates(app)
     app.on_response_prepare.append(security_headers)
     app.cleanup_ctx.extend(cleanup)
     return app

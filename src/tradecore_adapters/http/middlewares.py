@@ -6,7 +6,8 @@
    limited set of exposed headers.
 3. ``browser_only`` (production only): requests need ``Origin`` or ``Referer``, and unsafe
    methods need one of ``ALLOWED_ORIGINS`` (docs/security.md), except on the specification's exempt
-   paths and for bearer-only requests, which carry no ambient credential.
+   paths and for bearer-only requests, which carry no ambient credential. Reading a dashboard
+   page (``GET /ui/...``) needs neither: a typed URL sends no Origin or Referer.
 4. ``csrf``: keeps the ``X-CSRF-Token`` header of unsafe methods for the comparison with the
    session's token, which runs when the request is authenticated by its cookie
    (``tradecore_adapters.http.principal``).
@@ -46,6 +47,10 @@ ACCESS_COOKIE = "access_token"
 REFRESH_COOKIE = "refresh_token"
 
 _BROWSER_ONLY_EXEMPT_PREFIXES = ("/webhook/", "/public/", "/setup/", "/static/")
+# The dashboard's pages: a typed URL or a bookmark is a navigation without Origin or Referer.
+# Only reading them is exempt; their unsafe methods still need an allowed Origin.
+_PAGE_PREFIX = "/ui/"
+_READ_METHODS = frozenset({"GET", "HEAD"})
 _BROWSER_ONLY_EXEMPT_PATHS = frozenset(
     {
         "/",
@@ -137,6 +142,8 @@ def _origin_of(request: web.Request) -> str | None:
 async def browser_only(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
     if not config.production or browser_only_exempt(request.path) or _bearer_only(request):
+        return await handler(request)
+    if request.method in _READ_METHODS and request.path.startswith(_PAGE_PREFIX):
         return await handler(request)
     if "Origin" not in request.headers and "Referer" not in request.headers:
         return problem_response(403, "Browser request required", code="browser_only")

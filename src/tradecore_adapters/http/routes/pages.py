@@ -1,0 +1,520 @@
+"""The dashboard: server-rendered pages under ``/ui/`` and the htmx fragments they load.
+
+Pages call the same use cases as the JSON routes (through ``SERVICES``) and authenticate the
+same way: the ``access_token`` cookie, with the session's CSRF token in ``X-CSRF-Token`` on
+every unsafe method (``static/app.js`` adds it to htmx requests). ``GET /`` sends a signed-in
+browser to its trading accounts and anyone else to the login page. A refusal of a form is
+rendered in words inside the fragment (status 200, so htmx swaps it in). None of these routes
+is part of the JSON API or its OpenAPI document; every route here is named ``ui.*``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from tradecore.audit import AuditAction
+from tradecore.orders import OrderHistoryRecord, OrderStatus, Source
+from tradecore.services.audit.attack_report import SecurityReport
+from tradecore.services.orders.dashboard_order import DashboardOrder
+from tradecore.services.orders.outcomes import Accepted, Queued
+from tradecore.services.vocabulary import Principal, Rejected
+from tradecore.webhooks.canonical import as_utc
+from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
+from tradecore_adapters.http import ui
+from tradecore_adapters.http.middlewares import ACCESS_COOKIE
+from tradecore_adapters.http.problems import Problem
+from tradecore_adapters.http.routes.auth import clear_session_cookies, set_session_cookies
+from tradecore_adapters.http.routes.orders import decode_cursor, encode_cursor
+from tradecore_adapters.http.state import CONFIG, SERVICES, request_context
+
+HISTORY_PAGE = 20
+_HISTORY_SCAN = 1000
+_HISTORY_FILTERS = ("trading_account_id", "symbol", "status", "source")
+_ONE_TICK = timedelta(microseconds=1)
+
+routes = web.RouteTableDef()
+
+
+async def _form(request: web.Request) -> dict[str, str]:
+    """The urlencoded fields of a form post (the last value of each name)."""
+    data = await request.post()
+    return {k: v for k, v in data.items() if isinstance(v, str)}
+
+
+def _refused(rejected: Rejected) -> str:
+    return rejected.detail
+
+
+# --- entry, login, logout, terms ----------------------------------------------------------
+
+
+@routes.get("/", name="ui.root")
+async def root(request: web.Request) -> web.Response:
+    if request.cookies.get(ACCESS_COOKIE):
+        outcome = await request.app[SERVICES].authentication.authenticate(
+            request.cookies[ACCESS_COOKIE], None
+        )
+        if isinstance(outcome, Principal) and outcome.has_browser_session:
+            raise web.HTTPSeeOther(ui.HOME_PATH)
+    raise web.HTTPSeeOther(ui.LOGIN_PATH)
+
+
+@routes.get("/ui/login", name="ui.login")
+async def login_page(request: web.Request) -> web.Response:
+    return ui.render(request, "login.html", {"error": None, "email": ""})
+
+
+@routes.post("/ui/login", name="ui.login_post")
+async def login_post(request: web.Request) -> web.Response:
+    form = await _form(request)
+    services = request.app[SERVICES]
+    outcome = await services.password_login.login(
+        form.get("email"),
+        form.get("password"),
+        form.get("turnstile_token") or None,
+        request_context(request),
+    )
+    if isinstance(outcome, Rejected):
+        context = {"error": _refused(outcome), "email": form.get("email", "")}
+        return ui.render(request, "login.html", context)
+    response = web.HTTPSeeOther(ui.HOME_PATH)
+    set_session_cookies(request, response, outcome.tokens)
+    raise response
+
+
+@routes.post("/ui/logout", name="ui.logout")
+async def logout(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    await request.app[SERVICES].session_lifetime.logout(principal, request_context(request))
+    response = web.Response(text="", headers={"HX-Redirect": ui.LOGIN_PATH})
+    clear_session_cookies(request, response)
+    return response
+
+
+@routes.post("/ui/terms", name="ui.terms")
+async def accept_terms(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    outcome = await request.app[SERVICES].registration.accept_terms(
+        principal, request.app[CONFIG].terms_version, request_context(request)
+    )
+    if isinstance(outcome, Rejected):
+        return web.Response(text=_refused(outcome), content_type="text/plain")
+    return web.Response(text="", headers={"HX-Refresh": "true"})
+
+
+# --- trading accounts ---------------------------------------------------------------------
+
+
+async def _accounts_panel(
+    request: web.Request,
+    principal: Principal,
+    *,
+    issued: Mapping[str, Any] | None = None,
+    message: str | None = None,
+    error: str | None = None,
+) -> web.Response:
+    accounts = await request.app[SERVICES].trading_accounts.list_accounts(principal)
+    context = {"accounts": accounts, "issued": issued, "message": message, "error": error}
+    return ui.render(request, "accounts_panel.html", context, principal=principal)
+
+
+@routes.get("/ui/accounts", name="ui.accounts")
+async def accounts_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    accounts = await request.app[SERVICES].trading_accounts.list_accounts(principal)
+    context = {
+        "accounts": accounts,
+        "brokers": ui.BROKERS,
+        "issued": None,
+        "message": None,
+        "error": None,
+    }
+    return ui.render(request, "accounts.html", context, principal=principal)
+
+
+def _credentials(form: Mapping[str, str]) -> dict[str, str] | None:
+    fields = {
+        name: form[name].strip()
+        for name in ("api_key", "api_secret", "passphrase")
+        if form.get(name, "").strip()
+    }
+    return fields or None
+
+
+@routes.post("/ui/accounts", name="ui.accounts_create")
+async def create_account(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    form = await _form(request)
+    created = await request.app[SERVICES].trading_accounts.create(
+        principal,
+        form.get("name", "").strip(),
+        form.get("broker") or "paper",
+        _credentials(form),
+        None,
+        request_context(request),
+        testnet=form.get("testnet") == "on",
+    )
+    if isinstance(created, Rejected):
+        return await _accounts_panel(request, principal, error=_refused(created))
+    issued = {
+        "account": created.account,
+        "webhook_url": created.webhook_url(request.app[CONFIG].public_base_url),
+        "webhook_secret": created.webhook_secret,
+    }
+    message = f"Account {created.account.name} created."
+    return await _accounts_panel(request, principal, issued=issued, message=message)
+
+
+@routes.post("/ui/accounts/{account_id}/verify", name="ui.accounts_verify")
+async def verify_account(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    verified = await request.app[SERVICES].account_credentials.verify_credentials(
+        principal, request.match_info["account_id"], request_context(request)
+    )
+    if isinstance(verified, Rejected):
+        return await _accounts_panel(request, principal, error=_refused(verified))
+    return await _accounts_panel(request, principal, message="The broker accepted the credentials.")
+
+
+@routes.post("/ui/accounts/{account_id}/rotate", name="ui.accounts_rotate")
+async def rotate_account(request: web.Request) -> web.Response:
+    """A new webhook URL and a new secret at once: the old ones stop working."""
+    principal = await ui.page_principal(request)
+    services, context = request.app[SERVICES], request_context(request)
+    account_id = request.match_info["account_id"]
+    token = await services.account_credentials.rotate_token(principal, account_id, context)
+    if isinstance(token, Rejected):
+        return await _accounts_panel(request, principal, error=_refused(token))
+    secret = await services.account_credentials.regenerate_secret(principal, account_id, context)
+    if isinstance(secret, Rejected):
+        return await _accounts_panel(request, principal, error=_refused(secret))
+    account = await services.trading_accounts.get(principal, account_id)
+    issued = {
+        "account": None if isinstance(account, Rejected) else account,
+        "webhook_url": f"{request.app[CONFIG].public_base_url.rstrip('/')}/webhook/{token}/order",
+        "webhook_secret": secret,
+    }
+    message = "New webhook URL and secret issued; the old ones no longer work."
+    return await _accounts_panel(request, principal, issued=issued, message=message)
+
+
+def _account_changes(form: Mapping[str, str]) -> dict[str, object]:
+    changes: dict[str, object] = {}
+    if "name" in form:
+        changes["name"] = form["name"].strip()
+    if "allowed_symbols" in form:
+        symbols = form["allowed_symbols"].replace("\n", ",").split(",")
+        changes["allowed_symbols"] = [s.strip() for s in symbols if s.strip()]
+    if "max_request_age" in form:
+        raw = form["max_request_age"].strip()
+        changes["max_request_age"] = int(raw) if raw.isascii() and raw.isdigit() else raw
+    return changes
+
+
+@routes.post("/ui/accounts/{account_id}/edit", name="ui.accounts_edit")
+async def edit_account(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    form = await _form(request)
+    updated = await request.app[SERVICES].trading_accounts.update(
+        principal,
+        request.match_info["account_id"],
+        _account_changes(form),
+        request_context(request),
+    )
+    if isinstance(updated, Rejected):
+        return await _accounts_panel(request, principal, error=_refused(updated))
+    return await _accounts_panel(request, principal, message=f"Account {updated.name} saved.")
+
+
+@routes.post("/ui/accounts/{account_id}/delete", name="ui.accounts_delete")
+async def delete_account(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    refused = await request.app[SERVICES].trading_accounts.delete(
+        principal, request.match_info["account_id"], request_context(request)
+    )
+    if refused is not None:
+        return await _accounts_panel(request, principal, error=_refused(refused))
+    return await _accounts_panel(request, principal, message="Account deleted.")
+
+
+# --- manual order ---------------------------------------------------------------------------
+
+
+@routes.get("/ui/order", name="ui.order")
+async def order_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    accounts = await request.app[SERVICES].trading_accounts.list_accounts(principal)
+    return ui.render(request, "order.html", {"accounts": accounts}, principal=principal)
+
+
+@routes.get("/ui/order/symbols", name="ui.order_symbols")
+async def order_symbols(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    account_id = request.query.get("trading_account_id", "")
+    listed = await request.app[SERVICES].trading_accounts.instruments(principal, account_id)
+    symbols = [] if isinstance(listed, Rejected) else sorted(listed)
+    error = listed.detail if isinstance(listed, Rejected) and account_id else None
+    return ui.render(
+        request, "order_symbols.html", {"symbols": symbols, "error": error}, principal=principal
+    )
+
+
+def _manual_order(form: Mapping[str, str]) -> DashboardOrder | str:
+    """The order of the form, checked by the webhook parser's rules, or why it is invalid."""
+    account_id = form.get("trading_account_id", "")
+    if not account_id:
+        return "Choose a trading account"
+    document: dict[str, Any] = {
+        "action": form.get("action", ""),
+        "symbol": form.get("symbol", ""),
+        "quantity": form.get("quantity", "").strip(),
+        "order_type": form.get("order_type") or "entry",
+    }
+    payload = parse_webhook_body(json.dumps(document).encode(), simulation=True)
+    if isinstance(payload, PayloadInvalid):
+        return "Invalid order: " + "; ".join(payload.errors)
+    return DashboardOrder(
+        trading_account_id=account_id,
+        symbol=payload.symbol,
+        action=payload.action,
+        quantity=payload.quantity,
+        order_type=payload.order_type,
+    )
+
+
+@routes.post("/ui/order", name="ui.order_post")
+async def order_post(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    services, context = request.app[SERVICES], request_context(request)
+    form = await _form(request)
+    order = _manual_order(form)
+    if isinstance(order, str):
+        await services.events.record(
+            AuditAction.DASHBOARD_ORDER,
+            context,
+            user_id=principal.user_id,
+            success=False,
+            error_message=order[:200],
+        )
+        return ui.render(request, "order_result.html", {"refused": order}, principal=principal)
+    outcome = await services.dashboard.place(
+        principal.user, order, simulation=form.get("simulation") == "on", context=context
+    )
+    headers = {"HX-Trigger": "orders-changed"}
+    if isinstance(outcome, Rejected):
+        return ui.render(
+            request, "order_result.html", {"refused": outcome.detail}, principal=principal
+        )
+    order_id = outcome.result.order_id if isinstance(outcome, Accepted) else outcome.order_id
+    assert isinstance(outcome, Accepted | Queued)
+    row = await services.orders.get(order_id) if order_id else None
+    return ui.render(
+        request,
+        "order_result.html",
+        {"refused": None, "row": row, "result": outcome},
+        principal=principal,
+        headers=headers,
+    )
+
+
+@routes.get("/ui/orders/{order_id}/status", name="ui.order_status")
+async def order_status(request: web.Request) -> web.Response:
+    """The order's status in words; while it is not final the fragment polls itself."""
+    principal = await ui.page_principal(request)
+    row = await request.app[SERVICES].orders.get(request.match_info["order_id"])
+    if row is None or row.user_id != principal.user_id:
+        raise web.HTTPNotFound()
+    return ui.render(request, "order_status.html", {"row": row}, principal=principal)
+
+
+# --- order history --------------------------------------------------------------------------
+
+
+def _history_filters(request: web.Request) -> dict[str, str]:
+    return {name: request.query.get(name, "").strip() for name in _HISTORY_FILTERS}
+
+
+def _matches(row: OrderHistoryRecord, filters: Mapping[str, str]) -> bool:
+    symbol, status, source = filters["symbol"].upper(), filters["status"], filters["source"]
+    return (
+        (not symbol or row.symbol.upper() == symbol)
+        and (not status or row.status.value == status)
+        and (not source or row.source.value == source)
+    )
+
+
+async def _history_page(
+    request: web.Request, principal: Principal, filters: Mapping[str, str]
+) -> tuple[list[OrderHistoryRecord], str | None]:
+    """One page of the user's orders (newest first) that match ``filters``, and the cursor of
+    the next page (None on the last)."""
+    raw_before = request.query.get("before") or None
+    try:
+        cursor = None if raw_before is None else decode_cursor(raw_before)
+    except Problem:
+        cursor = None
+    rows = await request.app[SERVICES].orders.list_for_user(
+        principal.user_id,
+        trading_account_id=filters["trading_account_id"] or None,
+        before=None if cursor is None else cursor[0] + _ONE_TICK,
+        limit=_HISTORY_SCAN,
+    )
+    kept = [
+        r
+        for r in rows
+        if (cursor is None or (as_utc(r.created_at), r.id) < cursor) and _matches(r, filters)
+    ]
+    page = kept[:HISTORY_PAGE]
+    more = len(kept) > HISTORY_PAGE
+    return page, encode_cursor(page[-1]) if more and page else None
+
+
+def _history_context(
+    request: web.Request,
+    rows: list[OrderHistoryRecord],
+    next_before: str | None,
+    filters: Mapping[str, str],
+) -> dict[str, Any]:
+    query = {k: v for k, v in filters.items() if v}
+    before = request.query.get("before")
+    current = dict(query, before=before) if before else query
+    return {
+        "rows": rows,
+        "filters": filters,
+        "query": current,
+        "first_query": query,
+        "next_query": dict(query, before=next_before) if next_before else None,
+    }
+
+
+@routes.get("/ui/orders", name="ui.orders")
+async def orders_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    filters = _history_filters(request)
+    rows, next_before = await _history_page(request, principal, filters)
+    accounts = await request.app[SERVICES].trading_accounts.list_accounts(principal)
+    context = _history_context(request, rows, next_before, filters)
+    context.update(
+        accounts=accounts,
+        statuses=[s.value for s in OrderStatus],
+        sources=[s.value for s in Source],
+    )
+    return ui.render(request, "orders.html", context, principal=principal)
+
+
+@routes.get("/ui/orders/rows", name="ui.orders_rows")
+async def orders_rows(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    filters = _history_filters(request)
+    rows, next_before = await _history_page(request, principal, filters)
+    context = _history_context(request, rows, next_before, filters)
+    return ui.render(request, "orders_rows.html", context, principal=principal)
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+async def _keys_panel(
+    request: web.Request,
+    principal: Principal,
+    *,
+    issued: str | None = None,
+    message: str | None = None,
+    error: str | None = None,
+) -> web.Response:
+    services = request.app[SERVICES]
+    keys = await services.api_keys.list_api_keys(principal)
+    if isinstance(keys, Rejected):
+        raise Problem(keys)
+    context = {
+        "keys": keys,
+        "now": services.clock.now(),
+        "issued": issued,
+        "message": message,
+        "error": error,
+    }
+    return ui.render(request, "api_keys_panel.html", context, principal=principal)
+
+
+@routes.get("/ui/settings/api-keys", name="ui.api_keys")
+async def api_keys_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    services = request.app[SERVICES]
+    keys = await services.api_keys.list_api_keys(principal)
+    if isinstance(keys, Rejected):
+        raise Problem(keys)
+    context = {
+        "keys": keys,
+        "now": services.clock.now(),
+        "issued": None,
+        "message": None,
+        "error": None,
+    }
+    return ui.render(request, "api_keys.html", context, principal=principal)
+
+
+@routes.post("/ui/settings/api-keys", name="ui.api_keys_create")
+async def api_keys_create(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    form = await _form(request)
+    expires = form.get("expires_on", "").strip()
+    expires_at: object = None
+    if expires:
+        try:
+            expires_at = as_utc(datetime.fromisoformat(expires))
+        except ValueError:
+            expires_at = expires
+    outcome = await request.app[SERVICES].api_keys.create_api_key(
+        principal, form.get("name", "").strip(), expires_at, request_context(request)
+    )
+    if isinstance(outcome, Rejected):
+        return await _keys_panel(request, principal, error=_refused(outcome))
+    key, plaintext = outcome
+    message = f"API key {key.name} created. Copy it now: it is not shown again."
+    return await _keys_panel(request, principal, issued=plaintext, message=message)
+
+
+@routes.post("/ui/settings/api-keys/{key_id}/revoke", name="ui.api_keys_revoke")
+async def api_keys_revoke(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    refused = await request.app[SERVICES].api_keys.revoke_api_key(
+        principal, request.match_info["key_id"], request_context(request)
+    )
+    if refused is not None:
+        return await _keys_panel(request, principal, error=_refused(refused))
+    return await _keys_panel(request, principal, message="API key revoked.")
+
+
+@routes.get("/ui/settings/security", name="ui.security")
+async def security_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    services = request.app[SERVICES]
+    report = await SecurityReport(services.audit, services.accounts, services.clock).page(
+        principal, request.query.get("page"), None, request.query.get("days")
+    )
+    if isinstance(report, Rejected):
+        raise Problem(report)
+    return ui.render(request, "security.html", {"report": report}, principal=principal)
+
+
+# --- assets ---------------------------------------------------------------------------------
+
+
+@routes.get("/static/ui/{name}", name="ui.asset")
+async def asset(request: web.Request) -> web.Response:
+    """Only the listed files: no path from the request reaches the file system."""
+    entry = ui.ASSETS.get(request.match_info["name"])
+    if entry is None:
+        raise web.HTTPNotFound()
+    file_name, content_type = entry
+    return web.Response(
+        body=ui.asset(file_name),
+        content_type=content_type,
+        charset="utf-8",
+        headers={"Cache-Control": "public, max-age=3600"},
+    )

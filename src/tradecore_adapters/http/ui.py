@@ -1,0 +1,162 @@
+"""The server-rendered dashboard's plumbing: templates, the page principal, static assets.
+
+Pages and fragments (``tradecore_adapters.http.routes.pages``) render Jinja2 templates from
+``templates/`` with autoescaping. Every page carries the session's CSRF token in
+``<meta name="csrf-token">``; ``static/app.js`` sends it as ``X-CSRF-Token`` on every htmx
+request that changes state, so the UI passes the same CSRF check as any cookie client. The
+assets (htmx, pinned and vendored with its license, ``app.js``, ``app.css``) are served from
+``/static/ui/`` by name only; nothing runs inline, so the pages live under the service's CSP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from importlib import resources
+from typing import Any
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from tradecore.orders import OrderError, OrderStatus
+from tradecore.services.vocabulary import Principal
+from tradecore_adapters.http.principal import authenticate
+from tradecore_adapters.http.problems import Problem
+from tradecore_adapters.http.state import CONFIG
+from tradecore_adapters.http.views import decimal
+
+LOGIN_PATH = "/ui/login"
+HOME_PATH = "/ui/accounts"
+HTMX_VERSION = "2.0.11"
+
+ASSETS: Mapping[str, tuple[str, str]] = {
+    # name in the URL -> (file under static/, content type)
+    "htmx.min.js": ("htmx.min.js", "text/javascript"),
+    "htmx-LICENSE.txt": ("htmx-LICENSE.txt", "text/plain"),
+    "app.js": ("app.js", "text/javascript"),
+    "app.css": ("app.css", "text/css"),
+}
+
+STATUS_WORDS: Mapping[OrderStatus, str] = {
+    OrderStatus.QUEUED: "Queued: waiting for the worker",
+    OrderStatus.SUBMITTED: "Submitted to the broker",
+    OrderStatus.PENDING: "Pending at the broker",
+    OrderStatus.PARTIALLY_FILLED: "Partially filled",
+    OrderStatus.FILLED: "Filled",
+    OrderStatus.CANCELLED: "Cancelled",
+    OrderStatus.REJECTED: "Rejected",
+    OrderStatus.FAILED: "Failed",
+    OrderStatus.EXPIRED: "Expired",
+    OrderStatus.NO_POSITION: "Nothing to close: no position",
+}
+
+BROKERS = (
+    ("paper", "Paper (simulated)"),
+    ("binanceusdm", "Binance USDⓈ-M futures"),
+    ("binance", "Binance spot"),
+    ("bybit", "Bybit linear"),
+    ("alpaca", "Alpaca"),
+)
+
+
+def asset(name: str) -> bytes:
+    return resources.files("tradecore_adapters.http").joinpath("static", name).read_bytes()
+
+
+def setup_templates(app: web.Application) -> None:
+    """Install the Jinja2 environment (autoescaped, undefined names fail) on ``app``."""
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("tradecore_adapters.http", "templates"),
+        autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = when
+    env.filters["qty"] = quantity
+    env.filters["status_words"] = status_words
+    env.filters["error_words"] = error_words
+    env.globals["htmx_version"] = HTMX_VERSION
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    aware = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return aware.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def quantity(value: Decimal | None) -> str:
+    return "" if value is None else decimal(value)
+
+
+def status_words(status: OrderStatus | str) -> str:
+    try:
+        return STATUS_WORDS[OrderStatus(status)]
+    except ValueError:
+        return str(status)
+
+
+def error_words(error: OrderError | None) -> str:
+    if error is None:
+        return ""
+    words = error.message
+    if error.broker_message:
+        words += f" (the broker said: {error.broker_message})"
+    if error.retry_after is not None:
+        words += f"; retry after {error.retry_after:g} s"
+    return words
+
+
+def is_htmx(request: web.Request) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def to_login(request: web.Request) -> web.HTTPException:
+    """Where an unauthenticated page request goes: the login page (htmx: a client redirect,
+    since a fragment cannot carry a page)."""
+    if is_htmx(request):
+        return web.HTTPOk(headers={"HX-Redirect": LOGIN_PATH})
+    return web.HTTPSeeOther(LOGIN_PATH)
+
+
+async def page_principal(request: web.Request) -> Principal:
+    """The principal of a page or fragment request: a browser session (cookie; CSRF checked
+    on unsafe methods by ``authenticate``). Without one, the browser is sent to the login
+    page; a failed CSRF check stays a 403 problem."""
+    try:
+        return await authenticate(request, browser_session=True)
+    except Problem as refused:
+        if refused.rejected.status == 401:
+            raise to_login(request) from None
+        raise
+
+
+def render(
+    request: web.Request,
+    template: str,
+    context: Mapping[str, Any],
+    *,
+    principal: Principal | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """``template`` rendered with ``context`` plus what the layout needs (the user, the CSRF
+    token, whether the current terms are accepted)."""
+    full: dict[str, Any] = dict(context)
+    full.setdefault("user", None if principal is None else principal.user)
+    full.setdefault("path", request.path)
+    session = None if principal is None else principal.session
+    full.setdefault("csrf_token", "" if session is None else session.csrf_token)
+    terms = request.app[CONFIG].terms_version
+    full.setdefault(
+        "terms_pending",
+        principal is not None and principal.user.accepted_terms_version != terms,
+    )
+    full.setdefault("terms_version", terms)
+    response = aiohttp_jinja2.render_template(template, request, full)
+    if headers:
+        response.headers.update(headers)
+    return response

@@ -1,0 +1,168 @@
+"""Fixtures for the browser tests: the real app on the embedded runtime (real clock) served on
+a loopback port, and Debian's Chromium driven by Playwright.
+
+Every page fixture fails its test on a console error, an uncaught page error or a
+Content-Security-Policy violation (Chromium reports those on the console as errors too).
+Screenshots go to the test's tmp dir (``shot``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import argon2
+import attrs
+import pytest
+from aiohttp import web
+from dependency_injector import providers
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from tradecore.identity import Plan, User
+from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
+from tradecore_adapters.http import runner_options
+from tradecore_entrypoints.container import build_container, make_app
+from tradecore_entrypoints.settings import Settings
+from tradecore_entrypoints.system import System
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+if not CHROMIUM.exists():
+    pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+expect.set_options(timeout=10_000)
+
+PASSWORD = "correct horse battery staple"
+
+
+def fast_hasher() -> Argon2PasswordHasher:
+    return Argon2PasswordHasher(
+        hasher=argon2.PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+    )
+
+
+@attrs.define
+class LiveApp:
+    """The app on ``base_url`` and its embedded system."""
+
+    base_url: str
+    system: System
+
+    async def user(self, email: str = "ada@example.com", *, terms: str | None = "1") -> User:
+        return await self.system.provisioning.create_user(
+            email, PASSWORD, plan=Plan.PRO, terms_version=terms
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[LiveApp]:
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    container = build_container(Settings(), base_url=base_url)
+    container.shared.hasher.override(providers.Object(fast_hasher()))
+    runner = web.AppRunner(make_app(container), **runner_options())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield LiveApp(base_url, container.services.system())
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@attrs.define
+class Problems:
+    """What the page reported that a working UI never reports."""
+
+    seen: list[str] = attrs.field(factory=list)
+
+    def console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.seen.append(f"console error: {message.text} ({message.location})")
+
+    def page_error(self, error: Exception) -> None:
+        self.seen.append(f"page error: {error}")
+
+    def csp(self, violation: Any) -> None:
+        self.seen.append(f"CSP violation: {violation}")
+
+
+# Reports every CSP violation to the test through an exposed binding (runs in the page's
+# isolated init context, which the page's CSP does not govern).
+_CSP_LISTENER = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  const where = `${e.sourceFile}:${e.lineNumber}`;
+  window.__tradecoreCsp(`${e.violatedDirective} blocked ${e.blockedURI} at ${where}`);
+});
+"""
+
+
+@pytest.fixture
+async def page(live: LiveApp, browser: Browser, tmp_path: Path) -> AsyncIterator[Page]:
+    context = await browser.new_context(base_url=live.base_url)
+    problems = Problems()
+    await context.expose_function("__tradecoreCsp", lambda text: problems.csp(text))
+    await context.add_init_script(_CSP_LISTENER)
+    opened = await context.new_page()
+    opened.on("console", lambda message: problems.console(message))
+    opened.on("pageerror", lambda error: problems.page_error(error))
+    opened.on("dialog", lambda dialog: dialog.accept())
+    try:
+        yield opened
+    finally:
+        await context.close()
+    assert problems.seen == []
+
+
+Shot = Callable[[Page, str], Coroutine[Any, Any, Path]]
+
+
+@pytest.fixture
+def shot(tmp_path: Path) -> Shot:
+    """Save a full-page screenshot as ``<tmp>/<name>.png``."""
+
+    async def take(page: Page, name: str) -> Path:
+        path = tmp_path / f"{name}.png"
+        await page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+async def log_in(page: Page, email: str = "ada@example.com") -> None:
+    await page.goto("/")
+    await expect(page).to_have_url(re.compile(r"/ui/login$"))
+    await page.get_by_label("E-mail").fill(email)
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Log in").click()
+    await expect(page.get_by_role("heading", name="Trading accounts")).to_be_visible()
