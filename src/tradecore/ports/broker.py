@@ -62,6 +62,30 @@ class BrokerOrder:
     reduce_only: bool = False
     rejection: OrderError | None = None
 
+    @classmethod
+    def refused(
+        cls,
+        client_order_id: str,
+        symbol: str,
+        side: Side,
+        quantity: Decimal,
+        error: OrderError,
+        *,
+        reduce_only: bool = False,
+    ) -> BrokerOrder:
+        """An order the broker (or its adapter, before sending) refused: nothing was placed,
+        so it has no broker id."""
+        return cls(
+            broker_order_id="",
+            client_order_id=client_order_id,
+            symbol=symbol,
+            side=side,
+            quantity=quantity,
+            status=BrokerOrderStatus.REJECTED,
+            reduce_only=reduce_only,
+            rejection=error,
+        )
+
 
 @attrs.frozen
 class BrokerAccount:

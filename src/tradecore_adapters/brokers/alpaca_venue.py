@@ -148,15 +148,13 @@ class _Ask:
     reduce_only: bool
 
     def refused(self, error: OrderError) -> BrokerOrder:
-        return BrokerOrder(
-            broker_order_id="",
-            client_order_id=self.client_order_id,
-            symbol=self.symbol,
-            side=self.side,
-            quantity=self.quantity,
-            status=BrokerOrderStatus.REJECTED,
+        return BrokerOrder.refused(
+            self.client_order_id,
+            self.symbol,
+            self.side,
+            self.quantity,
+            error,
             reduce_only=self.reduce_only,
-            rejection=error,
         )
 
 

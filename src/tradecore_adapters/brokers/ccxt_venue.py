@@ -331,15 +331,8 @@ class CcxtBroker:
         exchange = self._require()
 
         def refused(error: OrderError) -> BrokerOrder:
-            return BrokerOrder(
-                broker_order_id="",
-                client_order_id=client_order_id,
-                symbol=symbol,
-                side=side,
-                quantity=quantity,
-                status=BrokerOrderStatus.REJECTED,
-                reduce_only=reduce_only,
-                rejection=error,
+            return BrokerOrder.refused(
+                client_order_id, symbol, side, quantity, error, reduce_only=reduce_only
             )
 
         market = self._markets.get(symbol)
