@@ -3,8 +3,10 @@ specification's validation and additional-checks tables, with the audit action e
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import attrs
 import pytest
@@ -114,6 +116,18 @@ async def test_wrong_secret_is_401_credential_attack(trader: Trader) -> None:
     }
     assert "not-the-secret" not in repr(trader.system.audit.all())
     assert len(trader.system.outbox.sent) == 1
+
+
+@pytest.mark.parametrize("secret", [12345, True, "", ["a"], {"s": 1}], ids=repr)
+async def test_a_secret_that_is_not_a_string_is_a_wrong_secret(trader: Trader, secret: Any) -> None:
+    body = json.loads(trader.body())
+    body["secret"] = secret
+    outcome = await trader.send(json.dumps(body).encode(), ip=ATTACKER_IP)
+    await trader.system.events.drain()
+
+    assert isinstance(outcome, Rejected) and outcome.status == 401
+    assert last_entry(trader).action is AuditAction.WEBHOOK_CREDENTIAL_ATTACK
+    assert len(trader.system.outbox.sent) == 1  # the owner is alerted
 
 
 async def test_replay_is_409_with_payload_hash(trader: Trader) -> None:

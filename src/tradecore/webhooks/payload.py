@@ -270,6 +270,13 @@ def _timestamp(value: object, _: object) -> datetime:
         raise _FieldError(rule) from None
 
 
+UNUSABLE_SECRET = ""
+"""What a secret that cannot be one parses to (a number, a boolean, an object, an empty or
+overlong string, text that is not Unicode): it matches no account's secret, so the request is
+answered as a wrong secret (401, audited and alerted as a credential attack), not as a
+malformed body that would escape the attack count."""
+
+
 def _secret(value: object, _: object) -> str:
     if isinstance(value, str) and 1 <= len(value) <= MAX_SECRET_CHARS:
         try:
@@ -278,7 +285,7 @@ def _secret(value: object, _: object) -> str:
             pass  # a lone surrogate from a \ud800 escape: not text
         else:
             return value
-    raise _FieldError(f"must be a string of 1 to {MAX_SECRET_CHARS} characters")
+    return UNUSABLE_SECRET
 
 
 _HOOKS: tuple[tuple[str, Callable[[object, object], object]], ...] = (
