@@ -66,6 +66,23 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+def _holds_nul(document: object) -> bool:
+    """Whether any string of the document (a key or a value) holds a NUL character (JSON's
+    ``\\u0000``): Postgres refuses one in text, and no field of ours may hold one."""
+    stack: list[object] = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def _depth(document: object) -> int:
     deepest = 0
     stack: list[tuple[object, int]] = [(document, 1)]
@@ -107,6 +124,8 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise fail(400, "invalid_json", "Request body must be a JSON object")
     if _depth(document) > MAX_DEPTH:
         raise fail(400, "invalid_json", "Request body is nested too deeply")
+    if _holds_nul(document):
+        raise fail(400, "invalid_json", "Request body holds a NUL character in a string")
     return document
 
 

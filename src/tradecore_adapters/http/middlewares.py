@@ -65,12 +65,24 @@ _BROWSER_ONLY_EXEMPT_PATHS = frozenset(
 )
 
 
+def holds_nul(request: web.Request) -> bool:
+    """Whether the decoded path or query holds a NUL character: no id, symbol or name may,
+    and Postgres refuses one in text (a 500 there), so it is refused before any store."""
+    if "\x00" in request.path:
+        return True
+    return any("\x00" in key or "\x00" in value for key, value in request.query.items())
+
+
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
     request[CLIENT_IP] = client_ip(
         request.remote, request.headers.getall("X-Forwarded-For", []), config.trusted_proxies
     )
+    if holds_nul(request):
+        return problem_response(
+            400, "The request's path or query holds a NUL character", code="invalid_request"
+        )
     try:
         return await handler(request)
     except web.HTTPException as e:

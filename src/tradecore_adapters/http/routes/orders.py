@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -169,15 +169,25 @@ def decode_cursor(text: str) -> tuple[datetime, str]:
     if len(text) > 300:
         raise invalid
     try:
-        return as_utc(datetime.fromisoformat(text)), ""
+        return _bounded(as_utc(datetime.fromisoformat(text))), ""
     except ValueError:
         pass
+    except OverflowError:  # a time whose UTC form falls outside the calendar
+        raise invalid from None
     try:
         decoded = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
         when, _, order_id = decoded.partition("|")
-        return as_utc(datetime.fromisoformat(when)), order_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return _bounded(as_utc(datetime.fromisoformat(when))), order_id
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise invalid from None
+
+
+def _bounded(when: datetime) -> datetime:
+    """``when``, if the page query's bound (``when`` plus one tick) exists; ValueError for
+    the calendar's last instant, which no order can follow anyway."""
+    if when > datetime.max.replace(tzinfo=UTC) - _ONE_TICK:
+        raise ValueError("beyond the last instant")
+    return when
 
 
 def _limit(request: web.Request) -> int:
