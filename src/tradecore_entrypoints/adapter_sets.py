@@ -206,6 +206,8 @@ class MemoryAdapters(AdapterSet):
         exchange,
         simulation_exchange,
         AdapterSet.core.clock,
+        conditions=AdapterSet.core.paper_conditions,
+        sleeper=AdapterSet.core.sleeper,
         prices=paper_prices,
     )
     # its own provider (over the same exchanges): a container override maps providers by

@@ -106,3 +106,8 @@ def test_the_identity_parts_share_one_bot_challenge_and_one_token_signer() -> No
     assert login._challenge is services.registration()._challenge is services.bot_challenge()
     assert login._tokens is lifetime._tokens is services.authentication()._tokens
     assert services.http().session_lifetime is lifetime  # what `admin revoke-sessions` uses
+
+
+def test_the_embedded_paper_broker_has_the_configured_conditions() -> None:
+    container = build_container(Settings(paper_latency_ms=250))
+    assert container.adapters.paper_brokers()._conditions.latency_s == 0.25
