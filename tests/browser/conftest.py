@@ -8,9 +8,8 @@ Screenshots go to the test's tmp dir (``shot``).
 
 from __future__ import annotations
 
-import re
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,11 @@ from aiohttp import web
 from dependency_injector import providers
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
-from tradecore.identity import Plan, User
+from browser.support import LiveApp, Shot
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options
 from tradecore_entrypoints.container import build_container, make_app
 from tradecore_entrypoints.settings import Settings
-from tradecore_entrypoints.system import System
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -45,26 +43,11 @@ if not CHROMIUM.exists():
 
 expect.set_options(timeout=10_000)
 
-PASSWORD = "correct horse battery staple"
-
 
 def fast_hasher() -> Argon2PasswordHasher:
     return Argon2PasswordHasher(
         hasher=argon2.PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
     )
-
-
-@attrs.define
-class LiveApp:
-    """The app on ``base_url`` and its embedded system."""
-
-    base_url: str
-    system: System
-
-    async def user(self, email: str = "ada@example.com", *, terms: str | None = "1") -> User:
-        return await self.system.provisioning.create_user(
-            email, PASSWORD, plan=Plan.PRO, terms_version=terms
-        )
 
 
 def _free_port() -> int:
@@ -73,11 +56,19 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "settings(**fields): start the app with Settings(**fields) for this test"
+    )
+
+
 @pytest.fixture
-async def live() -> AsyncIterator[LiveApp]:
+async def live(request: pytest.FixtureRequest) -> AsyncIterator[LiveApp]:
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
-    container = build_container(Settings(), base_url=base_url)
+    marker = request.node.get_closest_marker("settings")
+    settings = Settings(**marker.kwargs) if marker else Settings()
+    container = build_container(settings, base_url=base_url)
     container.shared.hasher.override(providers.Object(fast_hasher()))
     runner = web.AppRunner(make_app(container), **runner_options())
     await runner.setup()
@@ -144,9 +135,6 @@ async def page(live: LiveApp, browser: Browser, tmp_path: Path) -> AsyncIterator
     assert problems.seen == []
 
 
-Shot = Callable[[Page, str], Coroutine[Any, Any, Path]]
-
-
 @pytest.fixture
 def shot(tmp_path: Path) -> Shot:
     """Save a full-page screenshot as ``<tmp>/<name>.png``."""
@@ -157,12 +145,3 @@ def shot(tmp_path: Path) -> Shot:
         return path
 
     return take
-
-
-async def log_in(page: Page, email: str = "ada@example.com") -> None:
-    await page.goto("/")
-    await expect(page).to_have_url(re.compile(r"/ui/login$"))
-    await page.get_by_label("E-mail").fill(email)
-    await page.get_by_label("Password").fill(PASSWORD)
-    await page.get_by_role("button", name="Log in").click()
-    await expect(page.get_by_role("heading", name="Trading accounts")).to_be_visible()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import aiohttp
 from playwright.async_api import Page, expect
 
-from conftest import LiveApp, Shot, log_in
+from browser.support import LiveApp, Shot, log_in
 
 
 async def test_login_rejects_a_wrong_password_then_logs_in_and_out(

@@ -10,6 +10,7 @@ assets (htmx, pinned and vendored with its license, ``app.js``, ``app.css``) are
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -17,11 +18,13 @@ from importlib import resources
 from typing import Any
 
 import aiohttp_jinja2
+import attrs
 import jinja2
 from aiohttp import web
 
 from tradecore.orders import OrderError, OrderStatus
 from tradecore.services.vocabulary import Principal
+from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 from tradecore_adapters.http.principal import authenticate
 from tradecore_adapters.http.problems import Problem
 from tradecore_adapters.http.state import CONFIG
@@ -29,6 +32,10 @@ from tradecore_adapters.http.views import decimal
 
 LOGIN_PATH = "/ui/login"
 HOME_PATH = "/ui/accounts"
+TERMS_PATH = "/ui/terms"
+RESET_PATH = "/reset-password"
+"""The mailed reset link is ``{PUBLIC_BASE_URL}/reset-password#token=...``
+(``tradecore.services.identity.password_reset``)."""
 HTMX_VERSION = "2.0.11"
 
 ASSETS: Mapping[str, tuple[str, str]] = {
@@ -59,6 +66,72 @@ BROKERS = (
     ("bybit", "Bybit linear"),
     ("alpaca", "Alpaca"),
 )
+
+
+# --- the alert-message builder --------------------------------------------------------------
+
+ALERT_FIELDS = ("trading_account_id", "action", "quantity", "order_type", "symbol")
+CONCRETE_ACTIONS = ("buy", "sell", "close_long", "close_short")
+ACTION_PLACEHOLDER = "{{strategy.order.action}}"
+ALERT_ACTIONS = (
+    ("buy", "Buy"),
+    ("sell", "Sell"),
+    ("close_long", "Close long"),
+    ("close_short", "Close short"),
+    (ACTION_PLACEHOLDER, "The strategy's action (buy or sell)"),
+)
+TICKER = "{{ticker}}"
+TIME_NOW = "{{timenow}}"
+QUANTITY_PLACEHOLDERS = ("{{strategy.order.contracts}}",)
+# what the message holds in place of the webhook secret, which the user pastes there
+PASTE_HERE = "PASTE-THE-ACCOUNT-WEBHOOK-SECRET-HERE"
+# what TradingView puts in place of each placeholder, to check the message as it will arrive
+_SAMPLES = {
+    TICKER: "BTCUSDT",
+    TIME_NOW: "2026-01-05T14:30:00Z",
+    ACTION_PLACEHOLDER: "buy",
+    QUANTITY_PLACEHOLDERS[0]: "1",
+}
+
+
+@attrs.frozen
+class AlertMessage:
+    """The JSON an alert should send for the builder's choices (``text``, pretty-printed),
+    or why the choices cannot make one (``errors``)."""
+
+    text: str
+    errors: tuple[str, ...] = ()
+
+
+def alert_message(choices: Mapping[str, str]) -> AlertMessage:
+    """The alert message for ``choices`` (``ALERT_FIELDS``): TradingView placeholders for
+    the symbol and the time, the secret as a placeholder the user replaces (the secret is
+    never in the page). A fixed quantity is a JSON number; a placeholder is quoted, since
+    TradingView substitutes text (``"0.5"`` is the same quantity to the webhook)."""
+    action = choices.get("action") or "buy"
+    quantity = choices.get("quantity") or "1"
+    order_type = choices.get("order_type") or "entry"
+    symbol = choices.get("symbol") or TICKER
+    document: dict[str, Any] = {"action": action, "symbol": symbol, "quantity": quantity}
+    if action not in ("close_long", "close_short"):
+        document["order_type"] = order_type
+    document |= {"timestamp": TIME_NOW, "secret": PASTE_HERE}
+    errors = _alert_errors(document)
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    if quantity not in QUANTITY_PLACEHOLDERS and not errors:
+        text = text.replace(f'"quantity": {json.dumps(quantity)}', f'"quantity": {quantity}')
+    return AlertMessage(text=text, errors=errors)
+
+
+def _alert_errors(document: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the webhook would refuse in ``document`` once TradingView filled it in."""
+    if document["action"] not in (*CONCRETE_ACTIONS, ACTION_PLACEHOLDER):
+        return ("Choose an action",)
+    sample = {k: _SAMPLES.get(v, v) if isinstance(v, str) else v for k, v in document.items()}
+    parsed = parse_webhook_body(json.dumps(sample).encode(), simulation=True)
+    if isinstance(parsed, PayloadInvalid):
+        return tuple(parsed.errors)
+    return ()
 
 
 def asset(name: str) -> bytes:

@@ -20,8 +20,9 @@ from aiohttp import web
 from tradecore.audit import AuditAction
 from tradecore.orders import OrderHistoryRecord, OrderStatus, Source
 from tradecore.services.audit.attack_report import SecurityReport
+from tradecore.services.identity.login import LoginResult
 from tradecore.services.orders.dashboard_order import DashboardOrder
-from tradecore.services.orders.outcomes import Accepted, Queued
+from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.webhooks.canonical import as_utc
 from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
@@ -64,9 +65,30 @@ async def root(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther(ui.LOGIN_PATH)
 
 
+def _challenge_token(form: Mapping[str, str]) -> str | None:
+    """The solved bot challenge's token: ``turnstile_token``, or the field the Turnstile
+    widget adds to the form it sits in."""
+    return form.get("turnstile_token") or form.get("cf-turnstile-response") or None
+
+
+def _login_page(
+    request: web.Request, *, email: str = "", error: str | None = None, message: str | None = None
+) -> web.Response:
+    return ui.render(request, "login.html", {"error": error, "email": email, "message": message})
+
+
 @routes.get("/ui/login", name="ui.login")
 async def login_page(request: web.Request) -> web.Response:
-    return ui.render(request, "login.html", {"error": None, "email": ""})
+    return _login_page(request)
+
+
+def _signed_in(request: web.Request, outcome: LoginResult) -> web.HTTPException:
+    """Where a fresh session goes (the terms page while the current terms are not accepted,
+    else the trading accounts), with its cookies."""
+    pending = outcome.user.accepted_terms_version != request.app[CONFIG].terms_version
+    response = web.HTTPSeeOther(ui.TERMS_PATH if pending else ui.HOME_PATH)
+    set_session_cookies(request, response, outcome.tokens)
+    return response
 
 
 @routes.post("/ui/login", name="ui.login_post")
@@ -76,15 +98,82 @@ async def login_post(request: web.Request) -> web.Response:
     outcome = await services.password_login.login(
         form.get("email"),
         form.get("password"),
-        form.get("turnstile_token") or None,
+        _challenge_token(form),
         request_context(request),
     )
     if isinstance(outcome, Rejected):
-        context = {"error": _refused(outcome), "email": form.get("email", "")}
-        return ui.render(request, "login.html", context)
-    response = web.HTTPSeeOther(ui.HOME_PATH)
-    set_session_cookies(request, response, outcome.tokens)
-    raise response
+        return _login_page(request, email=form.get("email", ""), error=_refused(outcome))
+    raise _signed_in(request, outcome)
+
+
+@routes.get("/ui/register", name="ui.register")
+async def register_page(request: web.Request) -> web.Response:
+    return ui.render(request, "register.html", {"error": None, "email": ""})
+
+
+@routes.post("/ui/register", name="ui.register_post")
+async def register_post(request: web.Request) -> web.Response:
+    """A new user, then signed in at once (the terms page comes next). When that sign-in is
+    refused (the bot challenge's token is single-use), the login page asks for it."""
+    form = await _form(request)
+    services, context = request.app[SERVICES], request_context(request)
+    email, password = form.get("email", ""), form.get("password", "")
+    if password != form.get("password_again", ""):
+        return ui.render(
+            request, "register.html", {"error": "The passwords differ", "email": email}
+        )
+    created = await services.registration.register(email, password, _challenge_token(form), context)
+    if isinstance(created, Rejected):
+        return ui.render(request, "register.html", {"error": _refused(created), "email": email})
+    outcome = await services.password_login.login(email, password, None, context)
+    if isinstance(outcome, Rejected):
+        message = "Your account is ready: log in."
+        return _login_page(request, email=created.email, message=message)
+    raise _signed_in(request, outcome)
+
+
+@routes.get("/ui/forgot-password", name="ui.forgot_password")
+async def forgot_password_page(request: web.Request) -> web.Response:
+    return ui.render(request, "forgot_password.html", {"error": None, "message": None})
+
+
+@routes.post("/ui/forgot-password", name="ui.forgot_password_post")
+async def forgot_password_post(request: web.Request) -> web.Response:
+    form = await _form(request)
+    refused = await request.app[SERVICES].password_reset.forgot_password(
+        form.get("email", ""), request_context(request)
+    )
+    context: dict[str, str | None] = {"error": None, "message": None}
+    if refused is not None:
+        context["error"] = _refused(refused)
+    else:
+        context["message"] = (
+            "If the address belongs to an account, a reset link is on its way. "
+            "Open it within the time the mail says."
+        )
+    return ui.render(request, "forgot_password.html", context)
+
+
+@routes.get(ui.RESET_PATH, name="ui.reset_password")
+async def reset_password_page(request: web.Request) -> web.Response:
+    """The mailed link's page. The token is in the URL's fragment, which no server sees:
+    ``app.js`` copies it into the form and drops it from the address bar."""
+    return ui.render(request, "reset_password.html", {"error": None})
+
+
+@routes.post(ui.RESET_PATH, name="ui.reset_password_post")
+async def reset_password_post(request: web.Request) -> web.Response:
+    form = await _form(request)
+    password = form.get("password", "")
+    if password != form.get("password_again", ""):
+        return ui.render(request, "reset_password.html", {"error": "The passwords differ"})
+    refused = await request.app[SERVICES].password_reset.reset_password(
+        form.get("token", ""), password, request_context(request)
+    )
+    if refused is not None:
+        return ui.render(request, "reset_password.html", {"error": _refused(refused)})
+    message = "Your password was changed and every session ended: log in with the new one."
+    return _login_page(request, message=message)
 
 
 @routes.post("/ui/logout", name="ui.logout")
@@ -96,14 +185,27 @@ async def logout(request: web.Request) -> web.Response:
     return response
 
 
-@routes.post("/ui/terms", name="ui.terms")
-async def accept_terms(request: web.Request) -> web.Response:
+@routes.get(ui.TERMS_PATH, name="ui.terms_page")
+async def terms_page(request: web.Request) -> web.Response:
     principal = await ui.page_principal(request)
+    accepted = principal.user.accepted_terms_version == request.app[CONFIG].terms_version
+    context = {"accepted": accepted, "terms_pending": False}
+    return ui.render(request, "terms.html", context, principal=principal)
+
+
+@routes.post(ui.TERMS_PATH, name="ui.terms")
+async def accept_terms(request: web.Request) -> web.Response:
+    """Accept the current terms; the banner reloads its page, the terms page (``then=home``)
+    goes on to the trading accounts."""
+    principal = await ui.page_principal(request)
+    form = await _form(request)
     outcome = await request.app[SERVICES].registration.accept_terms(
         principal, request.app[CONFIG].terms_version, request_context(request)
     )
     if isinstance(outcome, Rejected):
         return web.Response(text=_refused(outcome), content_type="text/plain")
+    if form.get("then") == "home":
+        return web.Response(text="", headers={"HX-Redirect": ui.HOME_PATH})
     return web.Response(text="", headers={"HX-Refresh": "true"})
 
 
@@ -305,6 +407,15 @@ async def order_post(request: web.Request) -> web.Response:
     outcome = await services.dashboard.place(
         principal.user, order, simulation=form.get("simulation") == "on", context=context
     )
+    return await _order_answer(request, principal, outcome)
+
+
+async def _order_answer(
+    request: web.Request, principal: Principal, outcome: OrderOutcome
+) -> web.Response:
+    """An order's answer in words: the refusal, or its status (which polls itself while it is
+    not final)."""
+    services = request.app[SERVICES]
     headers = {"HX-Trigger": "orders-changed"}
     if isinstance(outcome, Rejected):
         return ui.render(
@@ -316,7 +427,7 @@ async def order_post(request: web.Request) -> web.Response:
     return ui.render(
         request,
         "order_result.html",
-        {"refused": None, "row": row, "result": outcome},
+        {"refused": None, "row": row, "result": outcome, "queued": isinstance(outcome, Queued)},
         principal=principal,
         headers=headers,
     )
@@ -330,6 +441,63 @@ async def order_status(request: web.Request) -> web.Response:
     if row is None or row.user_id != principal.user_id:
         raise web.HTTPNotFound()
     return ui.render(request, "order_status.html", {"row": row}, principal=principal)
+
+
+# --- alert builder and webhook tester -----------------------------------------------------
+
+
+def _alert_choices(request: web.Request) -> dict[str, str]:
+    return {name: request.query.get(name, "").strip() for name in ui.ALERT_FIELDS}
+
+
+@routes.get("/ui/alerts", name="ui.alerts")
+async def alerts_page(request: web.Request) -> web.Response:
+    principal = await ui.page_principal(request)
+    accounts = await request.app[SERVICES].trading_accounts.list_accounts(principal)
+    choices = _alert_choices(request)
+    context = {
+        "accounts": accounts,
+        "choices": choices,
+        "actions": ui.ALERT_ACTIONS,
+        "quantity_placeholders": ui.QUANTITY_PLACEHOLDERS,
+        "alert": ui.alert_message(choices),
+    }
+    return ui.render(request, "alerts.html", context, principal=principal)
+
+
+@routes.get("/ui/alerts/message", name="ui.alerts_message")
+async def alerts_message(request: web.Request) -> web.Response:
+    """The alert message for the builder's choices (an htmx fragment)."""
+    principal = await ui.page_principal(request)
+    context = {"alert": ui.alert_message(_alert_choices(request))}
+    return ui.render(request, "alert_message.html", context, principal=principal)
+
+
+@routes.post("/ui/alerts/test", name="ui.alerts_test")
+async def alerts_test(request: web.Request) -> web.Response:
+    """The webhook tester: the builder's order as a simulation order (nothing reaches the
+    broker), answered in words."""
+    principal = await ui.page_principal(request)
+    services, context = request.app[SERVICES], request_context(request)
+    form = await _form(request)
+    if form.get("action", "") not in ui.CONCRETE_ACTIONS:
+        refused = "Choose a concrete action (not a placeholder) to test the alert"
+        return ui.render(request, "order_result.html", {"refused": refused}, principal=principal)
+    order = _manual_order(
+        {
+            "trading_account_id": form.get("trading_account_id", ""),
+            "action": form.get("action", ""),
+            "symbol": form.get("test_symbol", ""),
+            "quantity": form.get("test_quantity", ""),
+            "order_type": form.get("order_type", ""),
+        }
+    )
+    if isinstance(order, str):
+        return ui.render(request, "order_result.html", {"refused": order}, principal=principal)
+    outcome = await services.dashboard.place(
+        principal.user, order, simulation=True, context=context
+    )
+    return await _order_answer(request, principal, outcome)
 
 
 # --- order history --------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 //    read from <meta name="csrf-token">, which the server renders from the session that
 //    issued it at login.
 // 2. Copy buttons: <button data-copy="element-id"> copies that element's text.
+// 3. <input data-from-fragment="name"> takes the value of "name" from the URL's fragment
+//    (the password-reset link's #token=...; a fragment reaches no server), which is then
+//    dropped from the address bar and the history.
 "use strict";
 
 (function () {
@@ -33,6 +36,24 @@
     const label = button.textContent;
     button.textContent = text;
     window.setTimeout(function () { button.textContent = label; }, 1500);
+  }
+
+  function fillFromFragment() {
+    const inputs = document.querySelectorAll("input[data-from-fragment]");
+    if (inputs.length === 0 || !window.location.hash) {
+      return;
+    }
+    const values = new URLSearchParams(window.location.hash.slice(1));
+    inputs.forEach(function (input) {
+      input.value = values.get(input.getAttribute("data-from-fragment")) || "";
+    });
+    window.history.replaceState(null, "", window.location.pathname + window.location.search);
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", fillFromFragment);
+  } else {
+    fillFromFragment();
   }
 
   document.addEventListener("click", function (event) {
