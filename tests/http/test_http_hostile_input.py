@@ -56,3 +56,13 @@ async def test_a_nul_in_a_json_string_is_400_and_changes_nothing(
         assert "NUL" in (await response.json())["detail"]
     after = await session.request("GET", "/trading/accounts")
     assert await after.json() == await before.json()
+
+
+async def test_a_method_a_path_does_not_take_is_405_with_a_code(env: Env) -> None:
+    response = await env.client.request("PUT", "/health/ready")
+    assert response.status == 405
+    problem = await response.json()
+    assert (problem["code"], problem["type"]) == (
+        "method_not_allowed",
+        "urn:tradecore:problem:method_not_allowed",
+    )

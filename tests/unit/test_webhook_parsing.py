@@ -468,3 +468,21 @@ def test_the_direct_path_and_the_converter_agree(
         expected = None
 
     assert parsing._structure_valid(document, simulation) == expected
+
+
+def test_a_body_using_another_platforms_field_names_is_told_ours() -> None:
+    raw = json.dumps(
+        {"side": "buy", "ticker": "BTCUSDT", "qty": 1, "timestamp": "2026-01-05T14:30:00Z",
+         "secret": SECRET}
+    ).encode()  # fmt: skip
+    result = refused(raw)
+    assert set(result.errors) == {
+        "required field missing @ $.action (the body names 'side': send it as 'action')",
+        "required field missing @ $.symbol (the body names 'ticker': send it as 'symbol')",
+        "required field missing @ $.quantity (the body names 'qty': send it as 'quantity')",
+    }
+
+
+def test_an_unknown_action_is_told_the_actions() -> None:
+    result = refused(body(action="long"))
+    assert result.errors == ("must be one of buy, sell, close_long, close_short @ $.action",)

@@ -127,8 +127,27 @@ def _structure(document: dict[str, Any], simulation: bool) -> WebhookPayload | P
             if name not in document
         )
     if errors or payload is None:
-        return PayloadInvalid.of(errors)
+        return PayloadInvalid.of([_with_alias_hint(error, document) for error in errors])
     return payload
+
+
+FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "symbol": ("ticker", "instrument", "pair", "market"),
+    "action": ("side", "order_action", "direction"),
+    "quantity": ("qty", "size", "amount", "contracts"),
+}
+"""Names other platforms use for our fields. A body that sends one instead of ours is told
+which field was expected; only these fixed names are ever repeated, never a value."""
+
+
+def _with_alias_hint(error: str, document: dict[str, Any]) -> str:
+    """``error``, naming the alias the body used when a required field is missing."""
+    for field, aliases in FIELD_ALIASES.items():
+        if error == f"required field missing @ $.{field}":
+            used = [alias for alias in aliases if alias in document]
+            if used:
+                return f"{error} (the body names '{used[0]}': send it as '{field}')"
+    return error
 
 
 def _structure_valid(document: dict[str, Any], simulation: bool) -> WebhookPayload | None:

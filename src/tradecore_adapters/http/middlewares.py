@@ -73,6 +73,16 @@ def holds_nul(request: web.Request) -> bool:
     return any("\x00" in key or "\x00" in value for key, value in request.query.items())
 
 
+def http_problem(e: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (404 no route, 405 method, 413 size) as problems with a code
+    like every other error (``method_not_allowed``), keeping an ``Allow`` header."""
+    code = "_".join(e.reason.lower().split()) or "http_error"
+    response = problem_response(e.status, e.reason, code=code)
+    if "Allow" in e.headers:
+        response.headers["Allow"] = e.headers["Allow"]
+    return response
+
+
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
@@ -88,7 +98,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return problem_response(e.status, e.reason)
+        return http_problem(e)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
         return problem_response(500, "An unexpected error occurred")
@@ -189,10 +199,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        response = problem_response(e.status, e.reason)
-        if "Allow" in e.headers:
-            response.headers["Allow"] = e.headers["Allow"]
-        return response
+        return http_problem(e)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
         return problem_response(500, "An unexpected error occurred")
