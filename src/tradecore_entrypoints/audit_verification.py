@@ -56,8 +56,11 @@ async def verify_audit_database(
     database_url: str, expect_head: str | None = None, *, timeout_s: float = 5.0
 ) -> dict[str, Any]:
     """``verify_audit_chain`` over the Postgres audit log at ``database_url``, on a pool of
-    its own (one connection, a long statement timeout; no Redis needed). Raises
-    ``DatabaseUnavailable`` when it cannot be read within the timeouts."""
+    its own (one connection, a long statement timeout; no Redis needed). Without
+    ``expect_head`` the head the database stores (the seal every append moves by
+    compare-and-set) is expected, read before the walk so entries appended meanwhile do not
+    matter: rows deleted from the end of the chain leave that head naming a missing entry.
+    Raises ``DatabaseUnavailable`` when it cannot be read within the timeouts."""
     pool = await open_pool(
         database_url,
         min_size=1,
@@ -66,6 +69,8 @@ async def verify_audit_database(
         statement_timeout_s=VERIFY_STATEMENT_TIMEOUT_S,
     )
     try:
-        return await verify_audit_chain(PostgresAuditLog(pool), expect_head=expect_head)
+        audit = PostgresAuditLog(pool)
+        expected = expect_head if expect_head is not None else await audit.stored_head()
+        return await verify_audit_chain(audit, expect_head=expected)
     finally:
         await pool.close()

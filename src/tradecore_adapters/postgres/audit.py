@@ -276,6 +276,10 @@ class PostgresAuditLog:
         )
         return AuditSummary(counts, tuple(str(r["account"]) for r in named))
 
+    async def stored_head(self) -> str:
+        """The chain head as stored (the newest seal; GENESIS before the first entry)."""
+        return await self._read_head()
+
     async def _read_head(self) -> str:
         row = await fetch_one(self._pool, "SELECT seal FROM audit_chain_head")
         if row is None:
