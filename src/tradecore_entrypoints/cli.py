@@ -136,8 +136,8 @@ def migrate_command() -> None:
         applied = asyncio.run(migrate(settings.database_url))
     except ConfigError as e:
         _fail(str(e))
-    except StoreUnavailable as e:
-        _fail(f"database unavailable: {e}")
+    except StoreUnavailable as e:  # its text already says "database unavailable: <cause>"
+        _fail(f"{e}; check that PostgreSQL runs and DATABASE_URL points at it")
     click.echo(json.dumps({"applied": applied}))
 
 

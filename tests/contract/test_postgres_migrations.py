@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -224,3 +228,20 @@ async def test_the_check_pings_only_new_idle_or_disturbed_connections(pg_conninf
             await asyncio.sleep(0.01)
         await check.check(conn)
         assert pings.count == 3  # something unread on the socket: ping, not guess
+
+
+def test_migrate_against_an_unreachable_database_says_so_once() -> None:
+    """Issue 16, 9: it printed "database unavailable: database unavailable: ..."."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": "postgresql://postgres:pw-not-shown@127.0.0.1:1/none",
+        "JWT_SECRET": "migrate-test-jwt-secret-0123456789abcdefghij",
+        "ENCRYPTION_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8",
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tradecore"), "migrate"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("database unavailable") == 1
+    assert "pw-not-shown" not in done.stderr
