@@ -176,6 +176,16 @@ async def test_push_needs_the_active_mark(kv: KvHarness) -> None:
     assert await kv.queue.take("u1", 0) == order_request("r1")
 
 
+async def test_a_parked_request_waits_for_a_worker_and_is_an_orphan_until_one_comes(
+    kv: KvHarness,
+) -> None:
+    await kv.queue.park(order_request("r1"))  # no lease: no worker runs for u1
+    assert await kv.directory.orphaned_users() == ["u1"]
+    await hold(kv, "u1")
+    assert await kv.directory.orphaned_users() == []
+    assert await kv.queue.take("u1", 0) == order_request("r1")
+
+
 async def test_requests_are_taken_in_push_order_per_user(kv: KvHarness) -> None:
     await hold(kv, "u1")
     await hold(kv, "u2")

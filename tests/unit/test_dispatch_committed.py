@@ -67,6 +67,9 @@ class Queue:
         )
         return self.push_answer
 
+    async def park(self, request: OrderRequest) -> None:
+        self.events.append("park")
+
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
         self.events.append("wait")
         await self.reply.wait()
@@ -192,17 +195,32 @@ async def test_failed_push_that_cannot_be_withdrawn_is_202_with_one_entry(down: 
     assert "wait" not in events
 
 
-@pytest.mark.parametrize("push", [False, KeyValueStoreUnavailable("redis down")])
-async def test_refusals_never_run_the_step(push: bool | Exception) -> None:
+async def test_refusals_never_run_the_step() -> None:
     events: list[str] = []
     record = Recorder(events)
 
-    dispatched = await dispatcher(Queue(events, push=push)).dispatch(
-        INTENT, now=EPOCH, wait_s=5, on_committed=record
-    )
+    queue = Queue(events, push=KeyValueStoreUnavailable("redis down"))
+    dispatched = await dispatcher(queue).dispatch(INTENT, now=EPOCH, wait_s=5, on_committed=record)
 
     assert isinstance(dispatched.outcome, Rejected) and not dispatched.durable
     assert record.order_ids == []
+
+
+async def test_an_order_no_worker_takes_in_time_is_parked_and_runs_the_step() -> None:
+    """No worker host runs: the durable order waits on the user's list (a host's orphan
+    sweep serves it later) and the caller's step runs; no 503."""
+    events: list[str] = []
+    record = Recorder(events)
+    queue = Queue(events, push=False)
+    queue.reply.set()
+
+    dispatched = await dispatcher(queue).dispatch(
+        INTENT, now=EPOCH, wait_s=0.02, on_committed=record
+    )
+
+    assert not isinstance(dispatched.outcome, Rejected) and dispatched.durable
+    assert "park" in events
+    assert record.order_ids == [dispatched.order_id]
 
 
 async def test_intent_store_down_never_runs_the_step() -> None:

@@ -81,21 +81,28 @@ async def test_slow_worker_gives_202_and_the_order_still_executes_once(
     assert len(embedded.exchange.orders(trader.account.account.id)) == 1
 
 
-@pytest.mark.parametrize("settings", [OrderSettings(worker_start_timeout_s=0.02)])
-async def test_worker_that_never_starts_gives_503_and_the_resend_goes_through(
+@pytest.mark.parametrize("settings", [OrderSettings(webhook_wait_s=0.04)])
+async def test_an_alert_no_worker_can_take_yet_is_202_and_fills_when_a_host_runs(
     embedded: System,
 ) -> None:
+    """Issue 16, 8: with no worker host running the webhook answered 503 after the start
+    timeout (60 s; the sender gave up after 3) and the order was cancelled. Now the durable
+    order waits on the user's list, the caller gets 202 within its wait, and the first host
+    that runs fills it; the same alert sent again is a replay, never a second order."""
     trader = await make_trader(embedded)
     body = trader.body()
 
-    refused = await trader.send(body)  # no worker host runs
+    answered = await trader.send(body)  # no worker host runs
 
-    assert isinstance(refused, Rejected) and refused.status == 503
+    assert isinstance(answered, Queued)
     (row,) = await embedded.orders.list_for_user(trader.user.id)
-    assert row.status is OrderStatus.CANCELLED and row.fingerprint is None
+    assert row.status is OrderStatus.QUEUED
     async with embedded.running(verify_fills=False):
-        resent = await trader.send(body)  # TradingView resends the same body on a 5xx
-    assert isinstance(resent, Accepted)
+        assert trader.user.id in await embedded.host.sweep()
+        result = await embedded.queue.wait_result(answered.request_id, 5)
+        resent = await trader.send(body)
+    assert result is not None and result.status is OrderStatus.FILLED
+    assert isinstance(resent, Rejected) and resent.status == 409
     assert trader.position() == Decimal(1)
 
 

@@ -30,6 +30,14 @@ class OrderQueue(Protocol):
         appended) when it does not. Raises KeyValueStoreUnavailable."""
         ...
 
+    async def park(self, request: OrderRequest) -> None:
+        """Append ``request`` to its user's request list whether or not a worker holds the
+        user's lease: for an order made durable while no worker could be started in time. The
+        list is then non-empty with no lease, which any worker host's orphan sweep
+        (``WorkerDirectory.orphaned_users``) finds and serves; a worker that starts meanwhile
+        takes it like any pushed request. Raises KeyValueStoreUnavailable."""
+        ...
+
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
         """The worker's reply to ``request_id``, or None when none came within ``timeout_s``."""
         ...

@@ -58,6 +58,10 @@ class MemoryOrderQueue:
         self._requests_bell.ring(request.user_id)
         return True
 
+    async def park(self, request: OrderRequest) -> None:
+        self._waiting.setdefault(request.user_id, deque()).append(request)
+        self._requests_bell.ring(request.user_id)
+
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
         return await wait_for(
             self._replies_bell, request_id, lambda: self._collect(request_id), timeout_s

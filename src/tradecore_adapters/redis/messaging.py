@@ -81,6 +81,14 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
+# KEYS: request list. ARGV: request payload, wake-up channel, user id. Append whatever the mark
+# (an order parked while no worker runs; the orphan sweep finds the list) and wake the worker.
+_PARK = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
 # KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload.
 # Replace the reply (a list of one), set its TTL, and drop the request from the in-flight list.
 _COMPLETE = """
@@ -204,6 +212,7 @@ class RedisOrderQueue:
         self._grace_s = connections.grace_s
         self._wakeups = wakeups or Wakeups(connections.commands, PUSHED_CHANNEL)
         self._push = self._client.register_script(_PUSH)
+        self._park = self._client.register_script(_PARK)
         self._complete = self._client.register_script(_COMPLETE)
 
     async def aclose(self) -> None:
@@ -218,6 +227,14 @@ class RedisOrderQueue:
                 args=[encode_request(request), self._wakeups.channel, user],
             )
         return bool(int(pushed))
+
+    async def park(self, request: OrderRequest) -> None:
+        user = request.user_id
+        with unavailable_on_failure("park"):
+            await self._park(
+                keys=[requests_key(user)],
+                args=[encode_request(request), self._wakeups.channel, user],
+            )
 
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
         key = response_key(request_id)

@@ -3,11 +3,16 @@
 1. Write the order intent (status ``queued``) to order history, durably.
 2. Push the request on the user's request list if the ``worker:active`` mark exists (one
    atomic step, so the check and the push cannot be split by a worker retiring). Without the
-   mark, put a start request on worker-control, wait for the mark (503 after the start
-   timeout), and push again.
-3. Wait, bounded, for the reply: 200 with the OrderResult, or 202 with the order id. The
-   caller's ``on_committed`` step (its success audit entry) runs during this wait, since once
-   the order is handed over the outcome can only be one of those two.
+   mark, put a start request on worker-control and wait for the mark, for at most half the
+   caller's wait (and the start timeout), then push again. When no worker came in that time
+   (no worker host runs, or all are busy starting), the request is parked on the user's list
+   anyway: the order is durable, the caller gets 202 within its wait instead of a 503 long
+   after the alert's sender gave up, and the first worker host that runs serves it (its
+   orphan sweep finds the list), or the worker marks it expired past ``expires_at``.
+3. Wait, bounded, for the reply (the rest of the caller's wait): 200 with the OrderResult, or
+   202 with the order id. The caller's ``on_committed`` step (its success audit entry) runs
+   during this wait, since once the order is handed over the outcome can only be one of
+   those two.
 
 Nothing is acknowledged without the durable intent (invariant I1). If the order cannot be
 handed over, the API cancels the intent with a compare-and-set; if the worker claimed it first,
@@ -72,9 +77,6 @@ class Dispatched:
     @property
     def durable(self) -> bool:
         return not isinstance(self.outcome, Rejected)
-
-
-_NO_WORKER = Rejected(503, "worker_start_timeout", "Trading worker did not start in time")
 
 
 async def _alongside(reply: Awaitable[Dispatched], side: Awaitable[object]) -> Dispatched:
@@ -177,20 +179,15 @@ class OrderDispatcher:
             broker_name=record.broker_name,
             credentials_ref=None if intent.simulation else intent.account.credentials_ref,
         )
-        refusal: Rejected | None
         try:
-            pushed = await self._hand_over(request)
+            start_wait_s = await self._hand_over(request, wait_s / 2)
         except StoreUnavailable:
-            refusal = UNAVAILABLE
-        else:
-            refusal = None if pushed else _NO_WORKER
-        if refusal is not None:
-            withdrawn = await self._withdraw(order_id, request_id, refusal)
+            withdrawn = await self._withdraw(order_id, request_id, UNAVAILABLE)
             if on_committed is not None and withdrawn.durable:
                 await on_committed(order_id)
             return withdrawn
 
-        reply = self._reply(order_id, request_id, wait_s)
+        reply = self._reply(order_id, request_id, wait_s - start_wait_s)
         if on_committed is None:
             return await reply
         return await _alongside(reply, on_committed(order_id))
@@ -206,14 +203,23 @@ class OrderDispatcher:
             return Dispatched(Queued(order_id, request_id), order_id=order_id)
         return Dispatched(Accepted(result), order_id=order_id)
 
-    async def _hand_over(self, request: OrderRequest) -> bool:
+    async def _hand_over(self, request: OrderRequest, budget_s: float) -> float:
+        """Step 2; the time it allowed itself to wait for a worker to start (0 when one was
+        active)."""
         if await self._queue.push(request):
-            return True
+            return 0.0
         await self._workers.request_start(request.user_id)
-        timeout_s = self._settings.worker_start_timeout_s
-        if not await self._workers.wait_active(request.user_id, timeout_s):
-            return False
-        return await self._queue.push(request)
+        start_wait_s = min(self._settings.worker_start_timeout_s, budget_s)
+        started = await self._workers.wait_active(request.user_id, start_wait_s)
+        if not (started and await self._queue.push(request)):
+            log.warning(
+                "user %s: no worker started within %.1f s; order %s waits for one",
+                request.user_id,
+                start_wait_s,
+                request.order_id,
+            )
+            await self._queue.park(request)
+        return start_wait_s
 
     async def _withdraw(self, order_id: str, request_id: str, refusal: Rejected) -> Dispatched:
         """The push failed: cancel the intent unless the worker already claimed it."""
