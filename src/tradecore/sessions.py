@@ -240,11 +240,25 @@ def parse_claims(claims: Mapping[str, Any], expected: TokenType) -> TokenClaims:
 
 # --- Refresh rotation -----------------------------------------------------------------------
 
+REFRESH_REUSE_GRACE = timedelta(seconds=10)
+"""How long a just-rotated refresh token may come back and get its successor again (two tabs
+refreshing at once) instead of revoking the session."""
+
 
 class RefreshOutcome(enum.Enum):
     ROTATE = "rotate"  # issue a new access and refresh token, record the new jti
+    REISSUE = "reissue"  # the token the latest rotation retired, within the grace: its successor
     REUSE_DETECTED = "reuse_detected"  # revoke the session and audit refresh_token_reuse
     REJECT = "reject"  # 401: no session, session inactive, or a malformed jti
+
+
+@attrs.frozen
+class RefreshRotation:
+    """A session's latest rotation: the digest of the refresh token id it retired and when
+    (whole seconds: the successor's ``iat``). The successor is the session's ``refresh_jti``."""
+
+    retired_jti: str = attrs.field(repr=False)
+    rotated_at: datetime
 
 
 @attrs.frozen
@@ -263,12 +277,21 @@ class RefreshDecision:
         return AuditAction.TOKEN_REFRESH
 
 
-def decide_refresh(session: Session | None, presented_jti: str) -> RefreshDecision:
+def decide_refresh(
+    session: Session | None,
+    presented_jti: str,
+    *,
+    rotation: RefreshRotation | None = None,
+    now: datetime | None = None,
+    grace: timedelta = REFRESH_REUSE_GRACE,
+) -> RefreshDecision:
     """What to do with a refresh token (signature and expiry already verified) whose ``sid``
-    loaded ``session``.
+    loaded ``session``; ``presented_jti`` and the stored ids are SHA-256 digests.
 
-    Rotation on every use: only the session's current ``refresh_jti`` rotates; any other jti of
-    an active session is an already-rotated token coming back, which revokes the session.
+    Rotation on every use: only the session's current ``refresh_jti`` rotates. The token the
+    session's latest ``rotation`` retired, presented again less than ``grace`` after it (at
+    ``now``), gets the same successor again (REISSUE). Any other jti of an active session is
+    an already-rotated token coming back, which revokes the session.
     """
     if session is None:
         return RefreshDecision(RefreshOutcome.REJECT, "unknown session")
@@ -278,6 +301,13 @@ def decide_refresh(session: Session | None, presented_jti: str) -> RefreshDecisi
         return RefreshDecision(RefreshOutcome.REJECT, "no valid refresh token")
     if hmac.compare_digest(_utf8(presented_jti), _utf8(session.refresh_jti)):
         return RefreshDecision(RefreshOutcome.ROTATE, "current refresh token")
+    if (
+        rotation is not None
+        and now is not None
+        and hmac.compare_digest(_utf8(presented_jti), _utf8(rotation.retired_jti))
+        and rotation.rotated_at <= now < rotation.rotated_at + grace
+    ):
+        return RefreshDecision(RefreshOutcome.REISSUE, "just rotated; within the grace")
     return RefreshDecision(RefreshOutcome.REUSE_DETECTED, "refresh token reused")
 
 

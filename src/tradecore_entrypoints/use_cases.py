@@ -106,6 +106,9 @@ class UseCases(containers.DeclarativeContainer):
         core.clock,
         core.random,
         terms_version=core.settings.provided.terms_version,
+        mailer=shared.mailer,
+        throttle=adapters.throttle,
+        link_base=core.reset_settings.provided.link_base,
     )
     password_reset = providers.Singleton(
         PasswordReset,

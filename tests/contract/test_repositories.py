@@ -44,6 +44,7 @@ from tradecore.ports.repositories import (
     WebhookOwner,
 )
 from tradecore.ports.resets import PasswordResetTokens
+from tradecore.sessions import RefreshRotation
 from tradecore_adapters.memory.documents import MemoryDocumentStore
 from tradecore_adapters.memory.repositories import (
     MemoryAllowedIpRepository,
@@ -271,23 +272,40 @@ async def test_session_round_trips_exactly(stores: Stores) -> None:
 async def test_rotate_refresh_is_compare_and_set(stores: Stores) -> None:
     await two_users_with_accounts(stores)
     await stores.sessions.add(session(1))
-    assert not await stores.sessions.rotate_refresh("sess-1", "wrong", "jti-2")
-    assert await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-2")
-    assert not await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-3")  # reused
+    assert not await stores.sessions.rotate_refresh("sess-1", "wrong", "jti-2", at=at(1))
+    assert await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-2", at=at(2))
+    assert not await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-3", at=at(3))  # reused
     got = await stores.sessions.get("sess-1")
     assert got is not None and got.refresh_jti == "jti-2"
-    assert not await stores.sessions.rotate_refresh("missing", "jti-2", "jti-3")
+    assert not await stores.sessions.rotate_refresh("missing", "jti-2", "jti-3", at=at(4))
 
 
 async def test_concurrent_rotations_let_exactly_one_win(stores: Stores) -> None:
     await two_users_with_accounts(stores)
     await stores.sessions.add(session(1))
     outcomes = await asyncio.gather(
-        *(stores.sessions.rotate_refresh("sess-1", "jti-1", f"new-{i}") for i in range(6))
+        *(stores.sessions.rotate_refresh("sess-1", "jti-1", f"new-{i}", at=at(i)) for i in range(6))
     )
     assert outcomes.count(True) == 1
     got = await stores.sessions.get("sess-1")
-    assert got is not None and got.refresh_jti == f"new-{outcomes.index(True)}"
+    winner = outcomes.index(True)
+    assert got is not None and got.refresh_jti == f"new-{winner}"
+    assert await stores.sessions.last_rotation("sess-1") == RefreshRotation("jti-1", at(winner))
+
+
+async def test_a_rotation_records_what_it_retired_and_when(stores: Stores) -> None:
+    await two_users_with_accounts(stores)
+    await stores.sessions.add(session(1))
+    assert await stores.sessions.last_rotation("sess-1") is None
+    assert await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-2", at=at(10))
+    assert await stores.sessions.last_rotation("sess-1") == RefreshRotation("jti-1", at(10))
+    assert not await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-3", at=at(11))
+    assert await stores.sessions.last_rotation("sess-1") == RefreshRotation("jti-1", at(10))
+    assert await stores.sessions.rotate_refresh("sess-1", "jti-2", "jti-3", at=at(12))
+    assert await stores.sessions.last_rotation("sess-1") == RefreshRotation("jti-2", at(12))
+    got = await stores.sessions.get("sess-1")
+    assert got == attrs.evolve(session(1), refresh_jti="jti-3")  # the session itself as before
+    assert await stores.sessions.last_rotation("missing") is None
 
 
 async def test_deactivate_once_and_then_no_rotation(stores: Stores) -> None:
@@ -297,7 +315,7 @@ async def test_deactivate_once_and_then_no_rotation(stores: Stores) -> None:
     assert not await stores.sessions.deactivate("sess-1", at(200))
     got = await stores.sessions.get("sess-1")
     assert got == attrs.evolve(session(1), is_active=False, revoked_at=at(100))
-    assert not await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-2")
+    assert not await stores.sessions.rotate_refresh("sess-1", "jti-1", "jti-2", at=at(300))
     assert not await stores.sessions.deactivate("missing", at(100))
 
 

@@ -4,6 +4,7 @@ password reset, silent refresh with rotation and reuse detection, logout, revoca
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from http_support import PASSWORD, Env, cookies_of, login, running
 
 from tradecore.audit import AuditAction
 from tradecore.identity import Plan
+from tradecore.sessions import REFRESH_REUSE_GRACE
 from tradecore.testing.clock import FakeClock
 from tradecore_entrypoints.admin import admin_revoke_sessions
 from tradecore_entrypoints.settings import Settings
@@ -122,18 +124,21 @@ async def test_captcha_is_verified_when_enabled() -> None:
         assert accepted.status == 200
 
 
-async def test_register_creates_a_free_user_without_terms(env: Env) -> None:
-    response = await env.client.post(
+async def test_register_answers_a_new_and_a_taken_address_alike(env: Env) -> None:
+    new = await env.client.post(
         "/auth/register", json={"email": "new@example.com", "password": PASSWORD}
     )
-    assert response.status == 201
-    user = (await response.json())["user"]
-    assert user["plan"] == "free"
-    assert user["terms_accepted"] is False
-    again = await env.client.post(
-        "/auth/register", json={"email": "NEW@example.com", "password": PASSWORD}
+    taken = await env.client.post(
+        "/auth/register", json={"email": "NEW@example.com", "password": "another password 1"}
     )
-    assert again.status == 409
+    for response in (new, taken):
+        assert response.status == 202
+        assert await response.json() == {"detail": "Check your mail to continue"}
+        assert "Set-Cookie" not in response.headers  # nobody is signed in by registering
+    session = await login(env.client, "new@example.com")  # the first password holds
+    me = await (await session.request("GET", "/auth/me", csrf=False)).json()
+    assert me["user"]["plan"] == "free"
+    assert me["user"]["terms_accepted"] is False
     weak = await env.client.post("/auth/register", json={"email": "w@example.com", "password": "x"})
     assert weak.status == 400
 
@@ -184,13 +189,37 @@ async def test_silent_refresh_rotates_and_detects_reuse(env: Env) -> None:
     assert body["csrf_token"] == session.csrf_token
     session.absorb(response)
     assert session.cookie_header(refresh=True) != old_cookie
-    # the already-rotated token comes back: the session is revoked
+    # the already-rotated token comes back after the grace: the session is revoked
+    env.clock.advance(REFRESH_REUSE_GRACE.total_seconds())
     reused = await env.client.post("/auth/silent-refresh", headers={"Cookie": old_cookie})
     assert reused.status == 401
     assert cookies_of(reused)["access_token"]["max-age"] == "0"
     assert env.last_audit().entry.action is AuditAction.REFRESH_TOKEN_REUSE
     me = await session.request("GET", "/auth/me", csrf=False)
     assert me.status == 401
+
+
+async def test_two_tabs_refreshing_at_once_both_stay_signed_in(env: Env) -> None:
+    await env.trader()
+    session = await login(env.client, "ada@example.com")
+    env.clock.advance(31 * 60)
+    cookie = {"Cookie": session.cookie_header(refresh=True)}
+    first, second = await asyncio.gather(
+        env.client.post("/auth/silent-refresh", headers=cookie),
+        env.client.post("/auth/silent-refresh", headers=cookie),
+    )
+    assert (first.status, second.status) == (200, 200)
+    assert await first.json() == await second.json()
+    assert (await first.json())["csrf_token"] == session.csrf_token
+    jars = [cookies_of(r) for r in (first, second)]
+    for name in ("access_token", "refresh_token"):
+        assert jars[0][name].value == jars[1][name].value
+    session.absorb(second)
+    assert (await session.request("GET", "/auth/me", csrf=False)).status == 200
+    env.clock.advance(60)
+    again = await env.client.post("/auth/silent-refresh", headers=session.headers(refresh=True))
+    assert again.status == 200
+    assert env.last_audit().entry.action is AuditAction.TOKEN_REFRESH
 
 
 async def test_access_token_expires_after_its_lifetime(env: Env) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import argon2
@@ -21,17 +21,25 @@ from racing import RacingUsers
 from tradecore.audit import AuditAction, RequestContext, StoredAuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import ApiKey, Plan, Session, User
+from tradecore.ports.identity import MailMessage
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.login import LoginResult, PasswordLogin
 from tradecore.services.identity.refusals import INVALID_CREDENTIALS, NOT_AUTHENTICATED
+from tradecore.services.identity.registration import Registration
 from tradecore.services.identity.request_authentication import RequestAuthenticator
 from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.identity.session_tokens import IssuedTokens
 from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Principal, Rejected
-from tradecore.sessions import access_claims, hash_token, new_api_key, refresh_claims
+from tradecore.sessions import (
+    REFRESH_REUSE_GRACE,
+    access_claims,
+    hash_token,
+    new_api_key,
+    refresh_claims,
+)
 from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.crypto.tokens import JwtTokenCodec
@@ -686,6 +694,7 @@ async def test_reusing_a_rotated_refresh_token_revokes_the_session(world: World)
     fresh = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(fresh, IssuedTokens)
 
+    world.clock.advance(REFRESH_REUSE_GRACE.total_seconds())  # the grace is over
     replay = await world.session_lifetime.refresh(
         login.tokens.refresh_token, ctx(ip="198.51.100.66")
     )
@@ -701,16 +710,76 @@ async def test_reusing_a_rotated_refresh_token_revokes_the_session(world: World)
     assert reuse.entry.resource_id == login.session.id
 
 
-async def test_two_concurrent_refreshes_with_one_token_revoke_the_session(world: World) -> None:
+async def test_two_concurrent_refreshes_get_the_same_successor(world: World) -> None:
+    """Two tabs refresh with one cookie: both decide to rotate before either writes."""
     await world.add_user()
     login = await world.login()
-    results = await asyncio.gather(
+    original = world.sessions.rotate_refresh
+    arrived: list[str] = []
+    both_decided = asyncio.Event()
+
+    async def after_both_decided(sid: str, expected: str, new: str, *, at: datetime) -> bool:
+        arrived.append(sid)
+        if len(arrived) == 2:
+            both_decided.set()
+        await asyncio.wait_for(both_decided.wait(), 1)
+        return await original(sid, expected, new, at=at)
+
+    world.sessions.rotate_refresh = after_both_decided  # type: ignore[method-assign]
+    first, second = await asyncio.gather(
         world.session_lifetime.refresh(login.tokens.refresh_token, ctx()),
         world.session_lifetime.refresh(login.tokens.refresh_token, ctx()),
     )
-    assert sorted(type(r).__name__ for r in results) == ["IssuedTokens", "Rejected"]
+    assert len(arrived) == 2
+    assert isinstance(first, IssuedTokens) and isinstance(second, IssuedTokens)
+    assert first == second  # the same refresh and access tokens, the same expiry times
+    await _the_successor_works(world, login, second)
+
+
+async def test_a_refresh_just_after_another_gets_the_same_successor(world: World) -> None:
+    await world.add_user()
+    login = await world.login()
+    world.clock.advance(40 * 60)
+    first = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
+    world.clock.advance(9)  # the other tab's request arrives late, within the grace
+    second = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
+    assert isinstance(first, IssuedTokens) and isinstance(second, IssuedTokens)
+    assert first == second
+    await _the_successor_works(world, login, second)
+
+
+async def _the_successor_works(world: World, login: LoginResult, successor: IssuedTokens) -> None:
+    """The session is alive, the successor's access token names it with its CSRF token, the
+    successor's refresh token rotates, and nothing was audited as reuse."""
     session = await world.sessions.get(login.session.id)
-    assert session is not None and not session.is_active
+    assert session is not None and session.is_active
+    principal = await world.authentication.authenticate(successor.access_token, None)
+    assert isinstance(principal, Principal) and principal.session is not None
+    assert principal.session.csrf_token == login.csrf_token
+    assert not world.entries(AuditAction.REFRESH_TOKEN_REUSE)
+    refreshes = world.entries(AuditAction.TOKEN_REFRESH)
+    assert [e.entry.success for e in refreshes] == [True, True]
+    assert [e.entry.metadata.get("reissued") for e in refreshes] == [None, True]
+    world.clock.advance(60)
+    after = await world.session_lifetime.refresh(successor.refresh_token, ctx())
+    assert isinstance(after, IssuedTokens) and after.refresh_token != successor.refresh_token
+
+
+async def test_a_retired_token_within_the_grace_loses_once_its_successor_rotated(
+    world: World,
+) -> None:
+    await world.add_user()
+    login = await world.login()
+    first = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
+    assert isinstance(first, IssuedTokens)
+    world.clock.advance(1)
+    assert isinstance(
+        await world.session_lifetime.refresh(first.refresh_token, ctx()), IssuedTokens
+    )
+    world.clock.advance(1)
+    replay = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
+    assert isinstance(replay, Rejected) and replay.status == 401
+    assert world.entries(AuditAction.REFRESH_TOKEN_REUSE)
 
 
 async def test_a_lost_compare_and_set_counts_as_reuse(world: World) -> None:
@@ -719,11 +788,13 @@ async def test_a_lost_compare_and_set_counts_as_reuse(world: World) -> None:
     sessions = world.sessions
     original = sessions.rotate_refresh
 
-    async def someone_else_rotated_first(sid: str, expected: str, new: str) -> bool:
-        await original(sid, expected, "rotated-elsewhere")
-        return await original(sid, expected, new)
+    async def someone_else_rotated_first(
+        sid: str, expected: str, new: str, *, at: datetime
+    ) -> bool:
+        await original(sid, expected, "rotated-elsewhere", at=at)
+        return await original(sid, expected, new, at=at)
 
-    sessions.rotate_refresh = someone_else_rotated_first  # type: ignore[method-assign,assignment]
+    sessions.rotate_refresh = someone_else_rotated_first  # type: ignore[method-assign]
     result = await world.session_lifetime.refresh(login.tokens.refresh_token, ctx())
     assert isinstance(result, Rejected) and result.status == 401
     assert world.entries(AuditAction.REFRESH_TOKEN_REUSE)
@@ -886,3 +957,92 @@ async def test_a_rehash_that_another_login_beat_still_logs_in() -> None:
     assert world.hasher.calls == ["verify", "hash", "verify"]
     [entry] = world.entries(AuditAction.LOGIN)
     assert entry.entry.success
+
+
+# --- registration reveals no account ----------------------------------------------------------
+
+
+@attrs.define
+class Outbox:
+    down: bool = False
+    sent: list[MailMessage] = attrs.field(factory=list)
+
+    async def send(self, message: MailMessage) -> None:
+        if self.down:
+            raise ConnectionError("smtp down")
+        self.sent.append(message)
+
+
+def registration_of(world: World, outbox: Outbox) -> Registration:
+    """Registration over the world's users, hasher and clock, mailing to ``outbox``."""
+    throttle = MemoryAlertThrottle(world.clock)
+    events = SecurityEvents(world.audit, world.users, throttle, LoggingOutbox(), world.clock)
+    challenge = BotChallenge(world.captcha, enabled=True, bypass_user_agents=frozenset())
+    return Registration(
+        world.users,
+        world.hasher,
+        challenge,
+        IdentityAudit(events),
+        world.clock,
+        world.random,
+        terms_version="1",
+        mailer=outbox,
+        throttle=throttle,
+        link_base="https://trade.example.com",
+    )
+
+
+async def test_a_new_and_a_taken_address_get_the_same_answer_and_work(world: World) -> None:
+    outbox = Outbox()
+    registration = registration_of(world, outbox)
+    assert await registration.register(EMAIL, PASSWORD, CAPTCHA, ctx()) is None
+    original = await world.users.by_email(EMAIL)
+    assert original is not None and original.plan is Plan.FREE
+    assert world.hasher.calls == ["hash"]
+
+    again = await registration.register("ADA@example.com", "other password 123", CAPTCHA, ctx())
+    assert again is None  # the same answer as for a new address
+    assert world.hasher.calls == ["hash", "hash"]  # and the same password work
+    assert await world.users.by_email(EMAIL) == original
+    assert isinstance(await world.login(), LoginResult)
+    assert [e.entry.success for e in world.entries(AuditAction.REGISTER)] == [True, False]
+
+    await registration.drain()
+    welcome, notice = outbox.sent
+    assert (welcome.to, notice.to) == (EMAIL, EMAIL)
+    assert welcome.subject == "Your account is ready"
+    assert notice.subject == "Someone tried to register with your address"
+    for part in (notice.text, notice.html):
+        assert "https://trade.example.com/ui/login" in part
+        assert "https://trade.example.com/ui/forgot-password" in part
+    dump = repr(outbox.sent)
+    assert PASSWORD not in dump and "other password 123" not in dump
+
+
+async def test_the_taken_address_notice_is_mailed_at_most_every_30_minutes(world: World) -> None:
+    outbox = Outbox()
+    registration = registration_of(world, outbox)
+    await world.add_user()
+    for _ in range(3):
+        assert await registration.register(EMAIL, PASSWORD, CAPTCHA, ctx()) is None
+    await registration.drain()
+    assert len(outbox.sent) == 1
+    world.clock.advance(30 * 60)
+    assert await registration.register(EMAIL, PASSWORD, CAPTCHA, ctx()) is None
+    await registration.drain()
+    assert len(outbox.sent) == 2
+
+
+async def test_a_mail_failure_changes_no_answer_and_a_disabled_owner_gets_no_notice(
+    world: World,
+) -> None:
+    outbox = Outbox(down=True)
+    registration = registration_of(world, outbox)
+    assert await registration.register(EMAIL, PASSWORD, CAPTCHA, ctx()) is None
+    assert await registration.register(EMAIL, PASSWORD, CAPTCHA, ctx()) is None
+    await registration.drain()
+    outbox.down = False
+    await world.add_user("off@example.com", disabled=True)
+    assert await registration.register("off@example.com", PASSWORD, CAPTCHA, ctx()) is None
+    await registration.drain()
+    assert outbox.sent == []

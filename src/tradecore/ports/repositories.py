@@ -18,6 +18,7 @@ from tradecore.audit_chain import SealedEntry
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import OrderHistoryRecord
+from tradecore.sessions import RefreshRotation
 
 
 def save_fields(
@@ -73,9 +74,18 @@ class SessionRepository(Protocol):
 
     async def get(self, session_id: str) -> Session | None: ...
 
-    async def rotate_refresh(self, session_id: str, expected_jti: str, new_jti: str) -> bool:
+    async def rotate_refresh(
+        self, session_id: str, expected_jti: str, new_jti: str, *, at: datetime
+    ) -> bool:
         """Compare-and-set the session's refresh token id; False when it was not
-        ``expected_jti`` or the session is inactive (nothing changed)."""
+        ``expected_jti`` or the session is inactive (nothing changed). A rotation that lands
+        also records itself as the session's ``last_rotation`` (``expected_jti`` retired
+        ``at``), in the same atomic step."""
+        ...
+
+    async def last_rotation(self, session_id: str) -> RefreshRotation | None:
+        """The session's latest rotation (what it retired, when); None before the first one
+        or for an unknown session."""
         ...
 
     async def deactivate(self, session_id: str, at: datetime) -> bool:

@@ -23,6 +23,7 @@ from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import OrderHistoryRecord
 from tradecore.ports.repositories import WebhookOwner, save_fields
+from tradecore.sessions import RefreshRotation
 
 _Record = TypeVar("_Record", User, TradingAccount)
 
@@ -76,6 +77,7 @@ class MemoryUserRepository:
 class MemorySessionRepository:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._rotations: dict[str, RefreshRotation] = {}
 
     async def add(self, session: Session) -> None:
         self._sessions[session.id] = session
@@ -83,12 +85,18 @@ class MemorySessionRepository:
     async def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    async def rotate_refresh(self, session_id: str, expected_jti: str, new_jti: str) -> bool:
+    async def rotate_refresh(
+        self, session_id: str, expected_jti: str, new_jti: str, *, at: datetime
+    ) -> bool:
         session = self._sessions.get(session_id)
         if session is None or not session.is_active or session.refresh_jti != expected_jti:
             return False
         self._sessions[session_id] = attrs.evolve(session, refresh_jti=new_jti)
+        self._rotations[session_id] = RefreshRotation(retired_jti=expected_jti, rotated_at=at)
         return True
+
+    async def last_rotation(self, session_id: str) -> RefreshRotation | None:
+        return self._rotations.get(session_id)
 
     async def deactivate(self, session_id: str, at: datetime) -> bool:
         session = self._sessions.get(session_id)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tradecore.identity import AllowedIp, ApiKey, Plan, Session, User
 from tradecore.ports.repositories import save_fields
+from tradecore.sessions import RefreshRotation
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import (
     Row,
@@ -157,14 +158,29 @@ class PostgresSessionRepository:
         )
         return None if row is None else session_from_row(row)
 
-    async def rotate_refresh(self, session_id: str, expected_jti: str, new_jti: str) -> bool:
+    async def rotate_refresh(
+        self, session_id: str, expected_jti: str, new_jti: str, *, at: datetime
+    ) -> bool:
         changed = await execute(
             self._pool,
-            "UPDATE user_sessions SET refresh_jti = %s"
+            "UPDATE user_sessions SET refresh_jti = %s, previous_refresh_jti = refresh_jti,"
+            " refresh_rotated_at = %s"
             " WHERE id = %s AND is_active AND refresh_jti = %s",
-            (new_jti, session_id, expected_jti),
+            (new_jti, at, session_id, expected_jti),
         )
         return changed == 1
+
+    async def last_rotation(self, session_id: str) -> RefreshRotation | None:
+        row = await fetch_one(
+            self._pool,
+            "SELECT previous_refresh_jti, refresh_rotated_at FROM user_sessions WHERE id = %s",
+            (session_id,),
+        )
+        if row is None or row["previous_refresh_jti"] is None:
+            return None
+        return RefreshRotation(
+            retired_jti=row["previous_refresh_jti"], rotated_at=utc(row["refresh_rotated_at"])
+        )
 
     async def deactivate(self, session_id: str, at: datetime) -> bool:
         changed = await execute(

@@ -1,19 +1,31 @@
 """Signing up: ``POST /auth/register`` and ``POST /auth/accept-terms``.
 
-Registration reveals a taken e-mail (409): without e-mail verification a fake success is
-exposed by the next login anyway, and the endpoint sits behind the bot challenge and the
-edge's login rate limit. A new user is on the free plan and has not accepted the terms yet.
-Each call leaves one audit entry (``IdentityAudit``); none holds a password. An unreachable store
-is 503.
+Registration reveals no account: a new address and a taken one get the same answer (202, "check
+your mail") after the same password work (the password is hashed either way, before the store
+says whether the address is free). The mail tells the difference, to the owner of the address
+only: a new user is welcomed and asked to log in; the owner of an existing account is told
+that someone tried to register with the address (if it was them: log in, or reset the
+password), at most once per ``NOTICE_INTERVAL``. Mails are sent in the background, best
+effort. Nobody is signed in by registering: the next step is a login. A new user is on the
+free plan and has not accepted the terms yet. Each call leaves one audit entry
+(``IdentityAudit``); none holds a password. An unreachable store is 503.
 """
 
 from __future__ import annotations
+
+import asyncio
+import html
+import logging
+from collections.abc import Coroutine
+from datetime import timedelta
+from typing import Any
 
 import attrs
 
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import Plan, User
-from tradecore.ports.identity import PasswordHasher
+from tradecore.ports.identity import Mailer, MailMessage, PasswordHasher
+from tradecore.ports.protection import AlertThrottle
 from tradecore.ports.repositories import UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
 from tradecore.services.identity.audit import IdentityAudit
@@ -28,15 +40,67 @@ from tradecore.services.vocabulary import (
 )
 from tradecore.sessions import normalize_email, validate_password
 
-EMAIL_TAKEN = Rejected(409, "email_taken", "An account with this e-mail address exists")
+log = logging.getLogger(__name__)
+
+NOTICE_INTERVAL = timedelta(minutes=30)
+"""At most one "someone tried to register with your address" mail per account this often."""
+MAIL_TIMEOUT_S = 10.0
 SAVE_ATTEMPTS = 2
 """A lost compare-and-set on the user (``UserRepository.save``) is read again and tried once
 more."""
 
 
+def welcome_mail(to: str, link_base: str) -> MailMessage:
+    """The mail to a new user: the account exists, log in to continue."""
+    login = f"{link_base.rstrip('/')}/ui/login"
+    reset = f"{link_base.rstrip('/')}/ui/forgot-password"
+    text = (
+        "Your tradecore account for this address is ready.\n\n"
+        f"Log in to continue:\n{login}\n\n"
+        "If you did not create it, someone else used your address: take the account over by "
+        f"resetting its password at {reset}, or ignore this mail.\n"
+    )
+    body = (
+        "<!DOCTYPE html><html><body>"
+        "<p>Your tradecore account for this address is ready.</p>"
+        f'<p><a href="{html.escape(login)}">Log in to continue</a>.</p>'
+        "<p>If you did not create it, someone else used your address: take the account over "
+        f'by <a href="{html.escape(reset)}">resetting its password</a>, or ignore this mail.</p>'
+        "</body></html>"
+    )
+    return MailMessage(to=to, subject="Your account is ready", text=text, html=body)
+
+
+def taken_address_mail(to: str, link_base: str) -> MailMessage:
+    """The mail to the owner of an existing account when someone registers with its address."""
+    login = f"{link_base.rstrip('/')}/ui/login"
+    reset = f"{link_base.rstrip('/')}/ui/forgot-password"
+    text = (
+        "Someone tried to create a new tradecore account with this e-mail address. You already "
+        "have an account, so nothing was created and nothing changed.\n\n"
+        f"If it was you, log in:\n{login}\n\n"
+        f"Forgot your password? Reset it:\n{reset}\n\n"
+        "If it was not you, ignore this mail: your account and password are unchanged.\n"
+    )
+    body = (
+        "<!DOCTYPE html><html><body>"
+        "<p>Someone tried to create a new tradecore account with this e-mail address. You "
+        "already have an account, so nothing was created and nothing changed.</p>"
+        f'<p>If it was you, <a href="{html.escape(login)}">log in</a>. Forgot your password? '
+        f'<a href="{html.escape(reset)}">Reset it</a>.</p>'
+        "<p>If it was not you, ignore this mail: your account and password are unchanged.</p>"
+        "</body></html>"
+    )
+    return MailMessage(
+        to=to, subject="Someone tried to register with your address", text=text, html=body
+    )
+
+
 class Registration:
     """New users and their acceptance of the terms (see the module docstring).
-    ``terms_version`` is the version in force (TERMS_VERSION)."""
+    ``terms_version`` is the version in force (TERMS_VERSION); ``link_base`` is
+    PUBLIC_BASE_URL, for the links in the mails. Without a ``mailer`` no mail is sent; without
+    a ``throttle`` every attempt on a taken address is mailed."""
 
     def __init__(
         self,
@@ -48,6 +112,9 @@ class Registration:
         random: RandomSource,
         *,
         terms_version: str,
+        mailer: Mailer | None = None,
+        throttle: AlertThrottle | None = None,
+        link_base: str = "http://127.0.0.1:8080",
     ) -> None:
         self._users = users
         self._hasher = hasher
@@ -56,13 +123,19 @@ class Registration:
         self._clock = clock
         self._random = random
         self._terms_version = terms_version
+        self._mailer = mailer
+        self._throttle = throttle
+        self._link_base = link_base
+        self._pending: set[asyncio.Task[None]] = set()
 
     @refuses_outages
     async def register(
         self, email: object, password: object, turnstile_token: object, context: RequestContext
-    ) -> User | Rejected:
-        """``POST /auth/register``: bot challenge, then a new user on the free plan who has
-        not accepted the terms yet. 400 bad input, 403 challenge refused, 409 e-mail taken."""
+    ) -> Rejected | None:
+        """``POST /auth/register``: bot challenge, then None (202) whether the address was
+        free (a new user on the free plan, without the terms, is stored and welcomed by mail)
+        or taken (its owner is told by mail); the password is hashed either way. 400 bad
+        input, 403 challenge refused."""
         record = self._audit.record
         metadata = {"captcha_bypassed": True} if self._challenge.bypassed(context) else None
         refused = await self._challenge.check(turnstile_token, context)
@@ -75,6 +148,7 @@ class Registration:
         if problem is not None or normalized is None or not isinstance(password, str):
             await record(AuditAction.REGISTER, context, None, "invalid request")
             return bad_request(problem or "invalid request")
+        # Hashed before the store answers, so a taken address costs the same work.
         user = User(
             id=self._random.new_id(),
             email=normalized,
@@ -84,9 +158,46 @@ class Registration:
         )
         if not await self._users.add(user):
             await record(AuditAction.REGISTER, context, None, "email taken")
-            return EMAIL_TAKEN
+            self._in_background(self._notify_owner(normalized))
+            return None
         await record(AuditAction.REGISTER, context, user.id, resource=("user", user.id))
-        return user
+        self._in_background(self._send(welcome_mail(user.email, self._link_base)))
+        return None
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _notify_owner(self, email: str) -> None:
+        """Tell the active owner of ``email`` that someone tried to register with it, at most
+        once per NOTICE_INTERVAL; failures are logged."""
+        if self._mailer is None:
+            return
+        try:
+            owner = await self._users.by_email(email)
+            if owner is None or owner.disabled:
+                return
+            if self._throttle is not None:
+                slot, period = f"register-notice:{owner.id}", int(NOTICE_INTERVAL.total_seconds())
+                if not await self._throttle.try_claim(slot, period):
+                    return
+            await self._send(taken_address_mail(owner.email, self._link_base))
+        except Exception:
+            log.exception("registration notice not sent")
+
+    async def _send(self, message: MailMessage) -> None:
+        if self._mailer is None:
+            return
+        try:
+            await asyncio.wait_for(self._mailer.send(message), MAIL_TIMEOUT_S)
+        except Exception:
+            log.exception("registration mail not sent")
+
+    async def drain(self) -> None:
+        """Wait for the mails in flight (shutdown and tests)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
 
     @refuses_outages
     async def accept_terms(

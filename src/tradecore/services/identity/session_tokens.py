@@ -5,10 +5,17 @@ A refresh token's id (``jti``) is stored with the session as its SHA-256 digest 
 access token carries a fresh ``jti`` of its own. The refresh token's lifetime is the caller's
 choice (``refresh_ttl`` at login, what is left of it on rotation), so a session never outlives
 ``refresh_ttl`` from login.
+
+On rotation the successor's ids are derived from the retired token's ``jti`` under the JWT
+secret (``successor_jti``, ``access_jti_for``): a retired token coming back within the grace
+can be answered with exactly the tokens its first use got, signed again, without keeping any
+token in clear.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +29,7 @@ from tradecore.services.identity.settings import AuthSettings
 from tradecore.sessions import TokenClaims, TokenType, access_claims, parse_claims, refresh_claims
 
 JTI_BYTES = 16
+_DERIVED = "derived-jti"  # the ``typ`` of the claims a derived id is the digest of
 
 
 @attrs.frozen
@@ -50,12 +58,37 @@ class SessionTokens:
         """A fresh random token id (URL-safe, ``JTI_BYTES`` of entropy)."""
         return self._random.token_urlsafe(JTI_BYTES)
 
+    def successor_jti(self, retired_jti: str) -> str:
+        """The id of the refresh token that replaces ``retired_jti`` on rotation: always the
+        same for the same id, unpredictable without the JWT secret."""
+        return self._derive("refresh-successor", retired_jti)
+
+    def access_jti_for(self, refresh_jti: str) -> str:
+        """The id of the access token issued with the refresh token ``refresh_jti``."""
+        return self._derive("access", refresh_jti)
+
+    def _derive(self, purpose: str, jti: str) -> str:
+        # The codec signs with HMAC-SHA256 under the JWT secret, deterministically: the digest
+        # of the signed token is a keyed pseudo-random function of (purpose, jti).
+        claims = {"sub": purpose, "sid": jti, "typ": _DERIVED, "jti": jti, "iat": 0, "exp": 0}
+        digest = hashlib.sha256(self._codec.encode(claims).encode("ascii")).digest()
+        return base64.urlsafe_b64encode(digest[:JTI_BYTES]).decode("ascii").rstrip("=")
+
     def sign(
-        self, user_id: str, session_id: str, refresh_jti: str, now: datetime, refresh_ttl: timedelta
+        self,
+        user_id: str,
+        session_id: str,
+        refresh_jti: str,
+        now: datetime,
+        refresh_ttl: timedelta,
+        *,
+        access_jti: str | None = None,
     ) -> IssuedTokens:
-        """An access token (lifetime ``access_ttl``, its own fresh ``jti``) and a refresh token
-        with ``refresh_jti`` expiring ``refresh_ttl`` after ``now``."""
-        access = access_claims(user_id, session_id, self.new_jti(), now, self._settings.access_ttl)
+        """An access token (lifetime ``access_ttl``, ``access_jti`` or a fresh one) and a
+        refresh token with ``refresh_jti`` expiring ``refresh_ttl`` after ``now``. The same
+        arguments sign the same tokens."""
+        access_id = self.new_jti() if access_jti is None else access_jti
+        access = access_claims(user_id, session_id, access_id, now, self._settings.access_ttl)
         refresh = refresh_claims(user_id, session_id, refresh_jti, now, refresh_ttl)
         return IssuedTokens(
             access_token=self._codec.encode(access),

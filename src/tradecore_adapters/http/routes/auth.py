@@ -31,6 +31,7 @@ from tradecore_adapters.http.state import CONFIG, SERVICES, request_context
 log = logging.getLogger(__name__)
 
 REFRESH_COOKIE_PATH = "/auth"
+REGISTER_ACCEPTED = "Check your mail to continue"
 
 routes = web.RouteTableDef()
 
@@ -124,7 +125,8 @@ async def register(request: web.Request) -> web.Response:
     )
     if isinstance(outcome, Rejected):
         return rejected_response(outcome)
-    return views.json_response({"user": _user_body(request, outcome)}, status=201)
+    # The same answer for a new and a taken address: the mail tells the owner which it was.
+    return views.json_response({"detail": REGISTER_ACCEPTED}, status=202)
 
 
 def _token_body(request: web.Request, tokens: IssuedTokens) -> web.Response:
