@@ -26,7 +26,7 @@ from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.webhooks.canonical import as_utc
 from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
-from tradecore_adapters.http import ui
+from tradecore_adapters.http import charts, ui
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE
 from tradecore_adapters.http.problems import Problem
 from tradecore_adapters.http.routes.auth import clear_session_cookies, set_session_cookies
@@ -37,6 +37,8 @@ HISTORY_PAGE = 20
 _HISTORY_SCAN = 1000
 _HISTORY_FILTERS = ("trading_account_id", "symbol", "status", "source")
 _ONE_TICK = timedelta(microseconds=1)
+_CHART_DAYS = 30
+_CHART_SCAN = 1000
 
 routes = web.RouteTableDef()
 
@@ -113,8 +115,9 @@ async def register_page(request: web.Request) -> web.Response:
 
 @routes.post("/ui/register", name="ui.register_post")
 async def register_post(request: web.Request) -> web.Response:
-    """A new user, then signed in at once (the terms page comes next). When that sign-in is
-    refused (the bot challenge's token is single-use), the login page asks for it."""
+    """The same answer for a new and a taken address (registration reveals no account): the
+    login page, asking to check the mail and log in (the terms page comes after the login).
+    Nobody is signed in here: that would tell a new address from a taken one."""
     form = await _form(request)
     services, context = request.app[SERVICES], request_context(request)
     email, password = form.get("email", ""), form.get("password", "")
@@ -122,14 +125,11 @@ async def register_post(request: web.Request) -> web.Response:
         return ui.render(
             request, "register.html", {"error": "The passwords differ", "email": email}
         )
-    created = await services.registration.register(email, password, _challenge_token(form), context)
-    if isinstance(created, Rejected):
-        return ui.render(request, "register.html", {"error": _refused(created), "email": email})
-    outcome = await services.password_login.login(email, password, None, context)
-    if isinstance(outcome, Rejected):
-        message = "Your account is ready: log in."
-        return _login_page(request, email=created.email, message=message)
-    raise _signed_in(request, outcome)
+    refused = await services.registration.register(email, password, _challenge_token(form), context)
+    if refused is not None:
+        return ui.render(request, "register.html", {"error": _refused(refused), "email": email})
+    message = "Check your mail to continue, then log in."
+    return _login_page(request, email=email.strip(), message=message)
 
 
 @routes.get("/ui/forgot-password", name="ui.forgot_password")
@@ -342,6 +342,32 @@ async def delete_account(request: web.Request) -> web.Response:
     if refused is not None:
         return await _accounts_panel(request, principal, error=_refused(refused))
     return await _accounts_panel(request, principal, message="Account deleted.")
+
+
+@routes.get("/ui/accounts/{account_id}", name="ui.account")
+async def account_page(request: web.Request) -> web.Response:
+    """One account's pictures: its position over time per symbol and its orders per day by
+    outcome (``charts``), each with its summary and data table."""
+    principal = await ui.page_principal(request)
+    services = request.app[SERVICES]
+    account = await services.trading_accounts.get(principal, request.match_info["account_id"])
+    if isinstance(account, Rejected):
+        raise Problem(account)
+    rows = await services.orders.list_for_user(
+        principal.user_id, trading_account_id=account.id, limit=_CHART_SCAN
+    )
+    now = services.clock.now()
+    series = charts.position_series(rows)
+    days = charts.orders_per_day(rows, charts.utc(now).date(), _CHART_DAYS)
+    context = {
+        "account": account,
+        "series": series,
+        "position_svg": charts.position_svg(series, now),
+        "days": [d for d in days if d.total],
+        "days_summary": charts.orders_summary(days),
+        "days_svg": charts.orders_per_day_svg(days),
+    }
+    return ui.render(request, "account.html", context, principal=principal)
 
 
 # --- manual order ---------------------------------------------------------------------------
@@ -582,6 +608,23 @@ async def orders_rows(request: web.Request) -> web.Response:
     rows, next_before = await _history_page(request, principal, filters)
     context = _history_context(request, rows, next_before, filters)
     return ui.render(request, "orders_rows.html", context, principal=principal)
+
+
+@routes.get("/ui/orders/{order_id}", name="ui.order_detail")
+async def order_detail(request: web.Request) -> web.Response:
+    """One order: its fields and the time it spent in each stage (``charts.order_stages``)."""
+    principal = await ui.page_principal(request)
+    row = await request.app[SERVICES].orders.get(request.match_info["order_id"])
+    if row is None or row.user_id != principal.user_id:
+        raise web.HTTPNotFound()
+    stages = charts.order_stages(row)
+    context = {
+        "row": row,
+        "stages": stages,
+        "stages_summary": charts.stages_summary(stages),
+        "stages_svg": charts.stages_svg(stages),
+    }
+    return ui.render(request, "order_detail.html", context, principal=principal)
 
 
 # --- settings -------------------------------------------------------------------------------
