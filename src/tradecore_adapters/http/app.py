@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from tradecore_adapters.http.access_log import RedactingAccessLogger
-from tradecore_adapters.http.config import CLIENT_MAX_SIZE, HttpConfig
+from tradecore_adapters.http.config import CLIENT_MAX_SIZE, KEEPALIVE_TIMEOUT_S, HttpConfig
 from tradecore_adapters.http.middlewares import MIDDLEWARES, security_headers
 from tradecore_adapters.http.routes import accounts, auth, orders, pages, settings, system
 from tradecore_adapters.http.state import CONFIG, OPENAPI, SERVICES, Services
@@ -53,5 +53,6 @@ def create_app(
 
 def runner_options() -> dict[str, Any]:
     """Keyword arguments for ``web.AppRunner`` (and aiohttp's ``TestServer``): the redacting
-    access log."""
-    return {"access_log_class": RedactingAccessLogger}
+    access log, and the keep-alive timeout that also bounds the time to send a request's
+    headers (``KEEPALIVE_TIMEOUT_S``)."""
+    return {"access_log_class": RedactingAccessLogger, "keepalive_timeout": KEEPALIVE_TIMEOUT_S}

@@ -1,13 +1,17 @@
 """Reading request bodies: bounded per route, strict JSON, form-encoded fields.
 
 Over the route's limit is 413 (decided from ``Content-Length`` before anything is read, and
-enforced while reading for chunked bodies). JSON is parsed strictly, as the webhook parser
-does: ``NaN``/``Infinity``, duplicate keys, deep nesting, integers past 64 digits and a top
-level other than an object are 400. Numbers with a fraction are read as ``Decimal``.
+enforced while reading for chunked bodies). The whole body must arrive within
+``BODY_READ_TIMEOUT_S`` once the read starts: a client still trickling it then is 408, and
+aiohttp closes the connection once its lingering read of the rest ends. JSON is parsed
+strictly, as the webhook parser does: ``NaN``/``Infinity``, duplicate keys, deep nesting,
+integers past 64 digits and a top level other than an object are 400. Numbers with a fraction
+are read as ``Decimal``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -15,7 +19,7 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from tradecore_adapters.http.config import JSON_BODY_LIMIT
+from tradecore_adapters.http.config import BODY_READ_TIMEOUT_S, JSON_BODY_LIMIT
 from tradecore_adapters.http.problems import fail
 
 MAX_DEPTH = 32
@@ -25,10 +29,26 @@ _CHUNK = 4096
 
 async def read_body(request: web.Request, limit: int, *, truncate: bool = False) -> bytes:
     """The raw body, at most ``limit`` bytes. A longer body is 413, or with ``truncate`` its
-    first ``limit + 1`` bytes are returned (the caller refuses it with its own answer)."""
+    first ``limit + 1`` bytes are returned (the caller refuses it with its own answer). A
+    body not received within ``BODY_READ_TIMEOUT_S`` is 408."""
     declared = request.content_length
     if declared is not None and declared > limit and not truncate:
         raise fail(413, "body_too_large", f"Request body larger than {limit} bytes")
+    try:
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            body = await _read_upto(request, limit)
+    except TimeoutError:
+        request.protocol.close()  # no further request on this connection
+        raise fail(
+            408, "request_timeout", f"Request body not received within {BODY_READ_TIMEOUT_S:g} s"
+        ) from None
+    if len(body) > limit and not truncate:
+        raise fail(413, "body_too_large", f"Request body larger than {limit} bytes")
+    return body
+
+
+async def _read_upto(request: web.Request, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the body."""
     chunks: list[bytes] = []
     size = 0
     while size <= limit:
@@ -37,10 +57,7 @@ async def read_body(request: web.Request, limit: int, *, truncate: bool = False)
             break
         chunks.append(chunk)
         size += len(chunk)
-    body = b"".join(chunks)
-    if len(body) > limit and not truncate:
-        raise fail(413, "body_too_large", f"Request body larger than {limit} bytes")
-    return body
+    return b"".join(chunks)
 
 
 class _Invalid(Exception):

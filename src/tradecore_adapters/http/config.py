@@ -59,6 +59,18 @@ WEBHOOK_BODY_LIMIT = 16 * 1024
 JSON_BODY_LIMIT = 64 * 1024
 CLIENT_MAX_SIZE = 1024 * 1024
 
+BODY_READ_TIMEOUT_S = 10.0
+"""The whole request body must arrive within this time once a route starts reading it; a
+client still sending after it gets 408 (``bodies.read_body``)."""
+KEEPALIVE_TIMEOUT_S = 75.0
+"""aiohttp closes a connection that has not completed a request's headers this long after it
+opened, or after the previous answer (aiohttp has no separate header-read timeout; its own
+default is 3630 s). Longer than a load balancer's usual idle timeout (60 s), so the balancer,
+not the service, ends an idle keep-alive connection."""
+CLIENT_CLOSED_REQUEST = 499
+"""The status the access log shows for a request whose client left before the answer (nginx's
+convention); no client ever receives it."""
+
 
 @attrs.frozen
 class HttpConfig:

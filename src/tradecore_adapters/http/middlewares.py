@@ -14,6 +14,11 @@
 5. ``errors``: handler exceptions (``Problem``, aiohttp's HTTP errors, anything else) become
    ``application/problem+json`` responses.
 
+A client that leaves mid-request (aiohttp's ``ClientConnectionResetError`` while reading the
+body, "Cannot write to closing transport" while answering) is an ordinary event: one INFO line
+without a traceback, and the access log shows 499. A connection error while the client is still
+connected (an outgoing call failing) stays an unexpected error.
+
 Security headers are set in ``on_response_prepare``, so every response carries them: errors,
 404s, preflights and aiohttp's own answers included.
 """
@@ -31,6 +36,7 @@ from tradecore.netaddr import client_ip
 from tradecore.services.vocabulary import UNAVAILABLE
 from tradecore.sessions import CSRF_HEADER, CSRF_PROTECTED_METHODS
 from tradecore_adapters.http.config import (
+    CLIENT_CLOSED_REQUEST,
     CORS_ALLOWED_HEADERS,
     CORS_ALLOWED_METHODS,
     CORS_EXPOSED_HEADERS,
@@ -83,6 +89,28 @@ def http_problem(e: web.HTTPException) -> web.Response:
     return response
 
 
+def client_left(request: web.Request, error: BaseException) -> bool:
+    """Whether ``error`` is the client's connection going away: a connection error while the
+    request's transport is closed or closing."""
+    if not isinstance(error, ConnectionError):
+        return False
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def unexpected(request: web.Request, error: Exception) -> web.Response:
+    """The answer to an exception no layer handled: a client that left is logged at INFO
+    (its answer is never delivered); anything else at ERROR with its traceback, as a 500."""
+    path = redact_path(request.path)
+    if client_left(request, error):
+        log.info(
+            "client disconnected during %s %s (%s)", request.method, path, type(error).__name__
+        )
+        return web.Response(status=CLIENT_CLOSED_REQUEST)
+    log.error("unhandled error on %s %s", request.method, path, exc_info=error)
+    return problem_response(500, "An unexpected error occurred")
+
+
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
@@ -99,9 +127,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if e.status < 400:
             raise
         return http_problem(e)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
-        return problem_response(500, "An unexpected error occurred")
+    except Exception as e:
+        return unexpected(request, e)
 
 
 def _allowed_origin(request: web.Request, origin: str | None) -> bool:
@@ -200,9 +227,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if e.status < 400:
             raise
         return http_problem(e)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, redact_path(request.path))
-        return problem_response(500, "An unexpected error occurred")
+    except Exception as e:
+        return unexpected(request, e)
 
 
 MIDDLEWARES = (guard, cors, browser_only, csrf, errors)
