@@ -138,3 +138,10 @@ def csrf_metadata(reason: Literal["missing", "mismatch"]) -> dict[str, Any]:
     if reason not in ("missing", "mismatch"):
         raise ValueError(f"unknown CSRF failure reason {reason!r}")
     return {"attack_type": "csrf", "reason": reason}
+
+
+def throttled_metadata(attack_type: str, rule: str) -> dict[str, Any]:
+    """A request refused by a sign-in throttle (``tradecore.services.identity.throttling``):
+    ``attack_type`` names the flow's attack (``credential_attack`` for logins), ``rule`` the
+    full window (``ip``, ``account_ip``, ``account``)."""
+    return {"attack_type": attack_type, "throttle": rule}

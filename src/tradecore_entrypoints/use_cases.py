@@ -31,6 +31,7 @@ from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.identity.session_tokens import SessionTokens
 from tradecore.services.orders.dashboard_order import DashboardOrders
 from tradecore.services.orders.dispatch import OrderDispatcher
+from tradecore.services.orders.history_reads import HistoryReads
 from tradecore.services.orders.order_checks import OrderChecks
 from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.brokers.account import VenueAccountBroker
@@ -109,6 +110,8 @@ class UseCases(containers.DeclarativeContainer):
         mailer=shared.mailer,
         throttle=adapters.throttle,
         link_base=core.reset_settings.provided.link_base,
+        limiter=adapters.limiter,
+        settings=core.auth_settings,
     )
     password_reset = providers.Singleton(
         PasswordReset,
@@ -122,6 +125,8 @@ class UseCases(containers.DeclarativeContainer):
         core.random,
         core.reset_settings,
         throttle=adapters.throttle,
+        limiter=adapters.limiter,
+        auth=core.auth_settings,
     )
     api_keys = providers.Singleton(
         ApiKeys, adapters.api_keys, identity_audit, core.clock, core.random
@@ -280,4 +285,5 @@ class UseCases(containers.DeclarativeContainer):
         trading_accounts=trading_accounts,
         account_credentials=account_credentials,
         transport_key=shared.transport_key,
+        history_reads=providers.Singleton(HistoryReads, adapters.limiter),
     )

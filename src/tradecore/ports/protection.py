@@ -32,12 +32,19 @@ class RateDecision:
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    """The per-user sliding window on the sorted set ``ratelimit:{user_id}``."""
+    """The per-user sliding window on the sorted set ``ratelimit:{user_id}`` (and the
+    identity flows' windows, whose keys name a client address or a digest of an account)."""
 
     async def hit(self, user_id: str, limit: int, window_s: float) -> RateDecision:
         """Count one request and say whether it is admitted. Atomic: of N concurrent hits on an
         empty window exactly ``limit`` are admitted. A rejected hit is not counted. Fails open:
         on a store error it answers allowed."""
+        ...
+
+    async def release(self, user_id: str) -> None:
+        """Take back the newest admitted hit of the window, if any: an attempt counted by
+        ``hit`` that turned out not to count (a login that succeeded). Never raises: on a
+        store error the hit stays counted (logged)."""
         ...
 
 

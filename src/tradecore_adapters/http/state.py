@@ -34,6 +34,7 @@ from tradecore.services.identity.registration import Registration
 from tradecore.services.identity.request_authentication import RequestAuthenticator
 from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.orders.dashboard_order import DashboardOrders
+from tradecore.services.orders.history_reads import HistoryReads
 from tradecore.services.orders.webhook_intake import WebhookIntake
 from tradecore_adapters.http.config import HttpConfig
 
@@ -79,6 +80,7 @@ class Services:
     trading_accounts: TradingAccounts
     account_credentials: AccountCredentials
     transport_key: TransportKey
+    history_reads: HistoryReads
 
 
 SERVICES = web.AppKey("services", Services)

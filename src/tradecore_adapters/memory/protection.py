@@ -120,6 +120,11 @@ class MemoryRateLimiter:
         self._sweep(now_s)
         return RateDecision(decision.allowed, decision.remaining, decision.retry_after_s)
 
+    async def release(self, user_id: str) -> None:
+        window = self._windows.get(user_id)
+        if window is not None and window[0]:
+            self._windows[user_id] = (window[0][:-1], window[1])
+
     def _sweep(self, now_s: float) -> None:
         self._hits += 1
         if self._hits % _SWEEP_EVERY == 0:

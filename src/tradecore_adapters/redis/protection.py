@@ -148,6 +148,15 @@ class RedisRateLimiter:
             log.exception("rate limiter failed; admitting the request (fail open)")
         return RateDecision(True, max(limit - 1, 0), None)
 
+    async def release(self, user_id: str) -> None:
+        """``ZPOPMAX``: the newest hit leaves (members are ordered by their time)."""
+        try:
+            await self._client.zpopmax(self.key(user_id))
+        except UNAVAILABLE as e:
+            log.warning("rate limiter unavailable (%s); the hit stays counted", e)
+        except Exception:
+            log.exception("rate limiter failed; the hit stays counted")
+
 
 class RedisWebhookAdmission:
     """WebhookAdmission: one script, so one round trip, over the replay key and the window.

@@ -1,5 +1,10 @@
 """Logging in with a password: ``POST /auth/login`` (with the bot challenge) and the
-``/auth/token`` password grant (without it, limited per e-mail and per client IP).
+``/auth/token`` password grant (without it).
+
+Both are throttled (``throttling``, docs/security.md "Login throttling"): failed attempts
+are counted per client address and per account from one address, and failed grants per
+account from any address; a full window answers 429 with Retry-After before any password
+work, audited as a credential attack. A successful attempt does not count.
 
 Unknown user and wrong password get the same status and body, and cost the same password work
 (a dummy verification for an unknown user). A store that cannot be reached is 503, never 401.
@@ -13,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from tradecore.attacks import throttled_metadata
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import Session, User
 from tradecore.ports.identity import PasswordHasher
@@ -24,6 +30,14 @@ from tradecore.services.identity.bot_challenge import BotChallenge
 from tradecore.services.identity.refusals import INVALID_CREDENTIALS, USER_DISABLED
 from tradecore.services.identity.session_tokens import IssuedTokens, SessionTokens
 from tradecore.services.identity.settings import AuthSettings
+from tradecore.services.identity.throttling import (
+    AttemptThrottle,
+    Throttled,
+    Window,
+    account_ip_window,
+    account_window,
+    ip_window,
+)
 from tradecore.services.vocabulary import Rejected, bad_request, refuses_outages
 from tradecore.sessions import CSRF_TOKEN_BYTES, MAX_PASSWORD_LENGTH, hash_token, normalize_email
 
@@ -71,7 +85,7 @@ class PasswordLogin:
         self._clock = clock
         self._random = random
         self._settings = settings
-        self._limiter = limiter
+        self._throttle = AttemptThrottle(limiter, settings.throttle_window_s)
 
     @refuses_outages
     async def login(
@@ -80,7 +94,8 @@ class PasswordLogin:
         """``POST /auth/login``: bot challenge, user by e-mail, Argon2id verification (a dummy
         one for unknown users), rehash if due, a new session with its CSRF token, and the two
         tokens. 400 bad input, 401 unknown user or wrong password (one body), 403 challenge
-        refused or user disabled (only after a correct password), 503 store down."""
+        refused or user disabled (only after a correct password), 429 throttled (failures
+        per client address, per account from this address), 503 store down."""
         metadata: dict[str, Any] = {"method": "login"}
         if self._challenge.bypassed(context):
             metadata["captcha_bypassed"] = True
@@ -92,26 +107,60 @@ class PasswordLogin:
         if isinstance(credentials, Rejected):
             await self._login_failed(None, context, "invalid request", metadata)
             return credentials
-        return await self._sign_in(credentials, context, metadata)
+        return await self._throttled_sign_in(credentials, context, metadata, grant=False)
 
     @refuses_outages
     async def password_grant(
         self, username: object, password: object, context: RequestContext
     ) -> IssuedTokens | Rejected:
         """``POST /auth/token`` with ``grant_type=password``: login for API clients, without
-        the bot challenge but limited per e-mail and per client IP (429). Creates a session
-        like login. Same refusals as login otherwise."""
+        the bot challenge, so also throttled per account from any address (429). Creates a
+        session like login. Same refusals as login otherwise."""
         metadata: dict[str, Any] = {"method": "password_grant"}
         credentials = _credentials(username, password)
         if isinstance(credentials, Rejected):
             await self._login_failed(None, context, "invalid request", metadata)
             return credentials
-        limited = await self._grant_limited(credentials[0], context)
-        if limited is not None:
-            await self._login_failed(None, context, "rate limited", metadata)
-            return limited
-        signed_in = await self._sign_in(credentials, context, metadata)
+        signed_in = await self._throttled_sign_in(credentials, context, metadata, grant=True)
         return signed_in if isinstance(signed_in, Rejected) else signed_in.tokens
+
+    async def _throttled_sign_in(
+        self,
+        credentials: tuple[str, str],
+        context: RequestContext,
+        metadata: dict[str, Any],
+        *,
+        grant: bool,
+    ) -> LoginResult | Rejected:
+        """``_sign_in`` inside the throttle: a slot in each window first (429 when one is
+        full, audited as a credential attack), given back unless the password was wrong."""
+        taken = await self._throttle.take(self._windows(credentials[0], context, grant=grant))
+        if isinstance(taken, Throttled):
+            reason = {**metadata, **throttled_metadata("credential_attack", taken.rule)}
+            await self._login_failed(None, context, "rate limited", reason)
+            return taken.rejection()
+        try:
+            outcome = await self._sign_in(credentials, context, metadata)
+        except BaseException:  # an outage (503): not a failed guess
+            await self._throttle.give_back(taken)
+            raise
+        if not (isinstance(outcome, Rejected) and outcome == INVALID_CREDENTIALS):
+            await self._throttle.give_back(taken)  # a success, or a disabled user's password
+        return outcome
+
+    def _windows(self, email: str, context: RequestContext, *, grant: bool) -> list[Window]:
+        """Failures per client address and per account from it (login and grant share
+        them); for the grant, also per account from any address."""
+        settings, ip = self._settings, context.ip_address
+        windows = [
+            ip_window("login", ip, settings.login_failures_per_ip),
+            account_ip_window("login", email, ip, settings.login_failures_per_account_ip),
+        ]
+        if grant:
+            windows.append(
+                account_window("token", email, settings.token_grant_failures_per_account)
+            )
+        return windows
 
     async def _sign_in(
         self, credentials: tuple[str, str], context: RequestContext, metadata: dict[str, Any]
@@ -133,23 +182,6 @@ class PasswordLogin:
         """Audits a refused login or password grant (``user_id`` None when no user was
         found)."""
         await self._audit.record(AuditAction.LOGIN, context, user_id, reason, metadata=metadata)
-
-    async def _grant_limited(self, email: str, context: RequestContext) -> Rejected | None:
-        if self._limiter is None:
-            return None
-        limit, window = self._settings.token_grant_attempts, self._settings.token_grant_window_s
-        # The address goes into a store key as a digest, never in clear.
-        keys = (f"auth-token:ip:{context.ip_address}", f"auth-token:email:{hash_token(email)}")
-        for key in keys:
-            decision = await self._limiter.hit(key, limit, window)
-            if not decision.allowed:
-                return Rejected(
-                    429,
-                    "rate_limited",
-                    "Too many attempts; try again later",
-                    retry_after_s=decision.retry_after_s,
-                )
-        return None
 
     async def _check_password(
         self, email: str, password: str, context: RequestContext, metadata: dict[str, Any]

@@ -20,13 +20,16 @@ from datetime import timedelta
 
 import attrs
 
+from tradecore.attacks import throttled_metadata
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.ports.identity import Mailer, MailMessage, PasswordHasher
-from tradecore.ports.protection import AlertThrottle
+from tradecore.ports.protection import AlertThrottle, RateLimiter
 from tradecore.ports.repositories import SessionRepository, UserRepository
 from tradecore.ports.resets import PasswordResetTokens
 from tradecore.ports.runtime import Clock, RandomSource
 from tradecore.services.identity.audit import IdentityAudit
+from tradecore.services.identity.settings import AuthSettings
+from tradecore.services.identity.throttling import AttemptThrottle, Throttled, ip_window
 from tradecore.services.vocabulary import Rejected, bad_request, refuses_outages
 from tradecore.sessions import hash_token, normalize_email, validate_password
 
@@ -87,7 +90,9 @@ def reset_mail(to: str, link: str, valid_for: timedelta) -> MailMessage:
 
 class PasswordReset:
     """The reset mail and the reset itself (see the module docstring). Without a
-    ``throttle`` every request for an active account is mailed."""
+    ``throttle`` every request for an active account is mailed; without a ``limiter`` no
+    request is throttled per client address (``auth.forgot_password_attempts_per_ip`` per
+    ``auth.throttle_window_s``)."""
 
     def __init__(
         self,
@@ -102,7 +107,11 @@ class PasswordReset:
         settings: ResetSettings | None = None,
         *,
         throttle: AlertThrottle | None = None,
+        limiter: RateLimiter | None = None,
+        auth: AuthSettings | None = None,
     ) -> None:
+        self._auth = auth or AuthSettings()
+        self._attempts = AttemptThrottle(limiter, self._auth.throttle_window_s)
         self._users = users
         self._sessions = sessions
         self._resets = resets
@@ -122,12 +131,19 @@ class PasswordReset:
         """``POST /auth/forgot-password``: None (202) for every well-formed address; when it
         belongs to an active account, a single-use reset token valid for ``ttl`` is stored
         (as its digest) and mailed in the background. 400 only for a malformed address,
-        which reveals nothing about accounts."""
+        which reveals nothing about accounts. 429 (before the address is looked up) after
+        too many requests from the client address."""
         action = AuditAction.PASSWORD_RESET_REQUESTED
         normalized = normalize_email(email)
         if normalized is None:
             await self._audit.record(action, context, None, "invalid")
             return bad_request("email is not a valid e-mail address")
+        limit = self._auth.forgot_password_attempts_per_ip
+        taken = await self._attempts.take([ip_window("forgot", context.ip_address, limit)])
+        if isinstance(taken, Throttled):
+            details = throttled_metadata("reset_flood", taken.rule)
+            await self._audit.record(action, context, None, "rate limited", metadata=details)
+            return taken.rejection()
         user = await self._users.by_email(normalized)
         if user is None or user.disabled:
             reason = "unknown e-mail" if user is None else "user disabled"

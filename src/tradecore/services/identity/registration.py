@@ -8,7 +8,9 @@ that someone tried to register with the address (if it was them: log in, or rese
 password), at most once per ``NOTICE_INTERVAL``. Mails are sent in the background, best
 effort. Nobody is signed in by registering: the next step is a login. A new user is on the
 free plan and has not accepted the terms yet. Each call leaves one audit entry
-(``IdentityAudit``); none holds a password. An unreachable store is 503.
+(``IdentityAudit``); none holds a password. An unreachable store is 503. Attempts that pass
+the bot challenge are throttled per client address (429 with Retry-After, before any password
+work).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from typing import Any
 
 import attrs
 
+from tradecore.attacks import throttled_metadata
 from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import Plan, User
 from tradecore.ports.identity import Mailer, MailMessage, PasswordHasher
-from tradecore.ports.protection import AlertThrottle
+from tradecore.ports.protection import AlertThrottle, RateLimiter
 from tradecore.ports.repositories import UserRepository
 from tradecore.ports.runtime import Clock, RandomSource
 from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
+from tradecore.services.identity.settings import AuthSettings
+from tradecore.services.identity.throttling import AttemptThrottle, Throttled, ip_window
 from tradecore.services.vocabulary import (
     CONFLICT,
     NOT_FOUND,
@@ -100,7 +105,8 @@ class Registration:
     """New users and their acceptance of the terms (see the module docstring).
     ``terms_version`` is the version in force (TERMS_VERSION); ``link_base`` is
     PUBLIC_BASE_URL, for the links in the mails. Without a ``mailer`` no mail is sent; without
-    a ``throttle`` every attempt on a taken address is mailed."""
+    a ``throttle`` every attempt on a taken address is mailed; without a ``limiter`` no
+    attempt is throttled (``settings.register_attempts_per_ip`` per ``throttle_window_s``)."""
 
     def __init__(
         self,
@@ -115,7 +121,11 @@ class Registration:
         mailer: Mailer | None = None,
         throttle: AlertThrottle | None = None,
         link_base: str = "http://127.0.0.1:8080",
+        limiter: RateLimiter | None = None,
+        settings: AuthSettings | None = None,
     ) -> None:
+        self._settings = settings or AuthSettings()
+        self._attempts = AttemptThrottle(limiter, self._settings.throttle_window_s)
         self._users = users
         self._hasher = hasher
         self._challenge = challenge
@@ -135,13 +145,19 @@ class Registration:
         """``POST /auth/register``: bot challenge, then None (202) whether the address was
         free (a new user on the free plan, without the terms, is stored and welcomed by mail)
         or taken (its owner is told by mail); the password is hashed either way. 400 bad
-        input, 403 challenge refused."""
+        input, 403 challenge refused, 429 too many attempts from the client address."""
         record = self._audit.record
         metadata = {"captcha_bypassed": True} if self._challenge.bypassed(context) else None
         refused = await self._challenge.check(turnstile_token, context)
         if refused is not None:
             await record(AuditAction.REGISTER, context, None, refused.code, metadata=metadata)
             return refused
+        limit = self._settings.register_attempts_per_ip
+        taken = await self._attempts.take([ip_window("register", context.ip_address, limit)])
+        if isinstance(taken, Throttled):
+            details = {**(metadata or {}), **throttled_metadata("registration_flood", taken.rule)}
+            await record(AuditAction.REGISTER, context, None, "rate limited", metadata=details)
+            return taken.rejection()
         normalized = normalize_email(email)
         problem = "email is not a valid e-mail address" if normalized is None else None
         problem = problem or validate_password(password)

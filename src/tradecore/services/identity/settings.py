@@ -1,4 +1,4 @@
-"""The identity flows' settings: token lifetimes, the bot challenge, the password-grant limit."""
+"""The identity flows' settings: token lifetimes, the bot challenge, the sign-in throttles."""
 
 from __future__ import annotations
 
@@ -16,12 +16,18 @@ def _positive(_: object, attribute: attrs.Attribute[timedelta], value: timedelta
 
 @attrs.frozen
 class AuthSettings:
-    """Token lifetimes, the bot challenge, and the ``/auth/token`` password-grant limit.
+    """Token lifetimes, the bot challenge, and the throttles of the sign-in flows.
 
     ``captcha_bypass_user_agents`` is an explicit list of exact User-Agent values (security
-    scanners) that skip the challenge; empty by default. ``token_grant_attempts`` password
-    grants are admitted per e-mail address and per client IP in ``token_grant_window_s``: the
-    grant has no bot challenge, so this is what stands between it and password guessing.
+    scanners) that skip the challenge; empty by default.
+
+    The throttles count within ``throttle_window_s`` (docs/security.md, "Login throttling"):
+    ``login_failures_per_ip`` failed logins and password grants per client address;
+    ``login_failures_per_account_ip`` failed ones per account from one address (so an
+    attacker elsewhere cannot lock the owner out); ``token_grant_failures_per_account``
+    failed password grants per account from any address (the grant has no bot challenge;
+    ``/auth/login`` with the challenge stays open to the owner); ``register_attempts_per_ip``
+    and ``forgot_password_attempts_per_ip`` requests per client address.
     """
 
     access_ttl: timedelta = attrs.field(
@@ -34,5 +40,11 @@ class AuthSettings:
     captcha_bypass_user_agents: frozenset[str] = attrs.field(
         default=frozenset(), converter=frozenset
     )
-    token_grant_attempts: int = 10
-    token_grant_window_s: float = 900.0
+    throttle_window_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    login_failures_per_ip: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    login_failures_per_account_ip: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    token_grant_failures_per_account: int = attrs.field(
+        default=10, validator=attrs.validators.ge(1)
+    )
+    register_attempts_per_ip: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    forgot_password_attempts_per_ip: int = attrs.field(default=10, validator=attrs.validators.ge(1))

@@ -149,9 +149,17 @@ async def dashboard_order(request: web.Request) -> web.Response:
     return outcome_response(outcome)
 
 
+async def _admit_read(request: web.Request, user_id: str) -> None:
+    """The per-user history read limit (``HistoryReads``): a 429 Problem when spent."""
+    refused = await request.app[SERVICES].history_reads.admit(user_id)
+    if refused is not None:
+        raise Problem(refused)
+
+
 @routes.get("/trading/orders/{order_id}")
 async def get_order(request: web.Request) -> web.Response:
     principal = await authenticate(request)
+    await _admit_read(request, principal.user_id)
     row = await request.app[SERVICES].orders.get(request.match_info["order_id"])
     if row is None or row.user_id != principal.user_id:
         raise fail(404, "not_found", "Order not found")
@@ -204,6 +212,7 @@ async def list_orders(request: web.Request) -> web.Response:
     """Newest first. Rows sharing a creation time are ordered by id, and the cursor carries
     both, so no row is skipped or repeated across pages."""
     principal = await authenticate(request)
+    await _admit_read(request, principal.user_id)
     orders = request.app[SERVICES].orders
     limit = _limit(request)
     account_id = request.query.get("trading_account_id") or None
