@@ -23,6 +23,7 @@ class AuditAction(enum.StrEnum):
     WEBHOOK_REPLAY_ATTACK = "webhook_replay_attack"
     WEBHOOK_PAYLOAD_INVALID = "webhook_payload_invalid"
     CSRF_VALIDATION_FAILED = "csrf_validation_failed"
+    LOGIN_CREDENTIAL_ATTACK = "login_credential_attack"
 
     WEBHOOK_ORDER = "webhook_order"
     DASHBOARD_ORDER = "dashboard_order"

@@ -12,7 +12,7 @@ WRONG = {"email": "ada@example.com", "password": "not the password"}
 
 
 async def test_wrong_passwords_then_the_right_one_is_429_with_retry_after(env: Env) -> None:
-    await env.trader()
+    trader = await env.trader()
     for _ in range(30):
         assert (await env.client.post("/auth/login", json=WRONG)).status in (401, 429)
     response = await env.client.post("/auth/login", json=CREDENTIALS)
@@ -21,8 +21,12 @@ async def test_wrong_passwords_then_the_right_one_is_429_with_retry_after(env: E
     assert 0 < retry_after <= 900
     assert "Set-Cookie" not in response.headers
     entry = env.last_audit().entry
-    assert entry.action is AuditAction.LOGIN and entry.error_message == "rate limited"
+    assert entry.action is AuditAction.LOGIN_CREDENTIAL_ATTACK
+    assert (entry.error_message, entry.user_id) == ("rate limited", trader.user.id)
     assert entry.metadata["attack_type"] == "credential_attack"
+    await env.system.events.drain()
+    alerts = [m for m in env.system.outbox.sent if "failed logins" in str(m).lower()]
+    assert len(alerts) == 1  # the owner is told once, not for each refused attempt
     env.clock.advance(retry_after)
     assert (await env.client.post("/auth/login", json=CREDENTIALS)).status == 200
 

@@ -153,7 +153,7 @@ async def test_thirty_wrong_passwords_then_the_right_one_is_429(world: World) ->
     for _ in range(30):
         await world.attempt(WRONG, ATTACKER)
     assert_throttled(await world.attempt(PASSWORD, ATTACKER))
-    entries = world.throttled(AuditAction.LOGIN)
+    entries = world.throttled(AuditAction.LOGIN_CREDENTIAL_ATTACK)
     assert len(entries) == 26  # 5 wrong passwords counted, the next 25 and the right one refused
     assert entries[-1].entry.metadata["attack_type"] == "credential_attack"
     assert entries[-1].entry.context.ip_address == ATTACKER
@@ -174,7 +174,8 @@ async def test_failures_per_client_address_cover_every_account(world: World) -> 
         assert await world.attempt(WRONG, ATTACKER, f"u{i}@example.com") == INVALID_CREDENTIALS
     refused = await world.attempt(WRONG, ATTACKER, "someone-else@example.com")
     assert assert_throttled(refused)
-    assert world.throttled(AuditAction.LOGIN)[-1].entry.metadata["throttle"] == "ip"
+    [*_, last] = world.throttled(AuditAction.LOGIN_CREDENTIAL_ATTACK)
+    assert last.entry.metadata["throttle"] == "ip"
     other = await world.attempt(WRONG, "192.0.2.1", "someone-else@example.com")
     assert other == INVALID_CREDENTIALS
 
@@ -228,7 +229,8 @@ async def test_failed_grants_from_everywhere_close_the_grant_not_the_login(
     for n in range(10):
         assert await world.grant(WRONG, f"198.51.100.{n}") == INVALID_CREDENTIALS
     assert_throttled(await world.grant(PASSWORD, OWNER))
-    assert world.throttled(AuditAction.LOGIN)[-1].entry.metadata["throttle"] == "account"
+    [*_, last] = world.throttled(AuditAction.LOGIN_CREDENTIAL_ATTACK)
+    assert last.entry.metadata["throttle"] == "account"
     assert isinstance(await world.attempt(PASSWORD, OWNER), LoginResult)
 
 

@@ -137,7 +137,16 @@ class PasswordLogin:
         taken = await self._throttle.take(self._windows(credentials[0], context, grant=grant))
         if isinstance(taken, Throttled):
             reason = {**metadata, **throttled_metadata("credential_attack", taken.rule)}
-            await self._login_failed(None, context, "rate limited", reason)
+            # an attack on the account: its owner (if the address has one) gets the alert;
+            # the answer is the same 429 either way
+            owner = await self._users.by_email(credentials[0])
+            await self._audit.record(
+                AuditAction.LOGIN_CREDENTIAL_ATTACK,
+                context,
+                None if owner is None else owner.id,
+                "rate limited",
+                metadata=reason,
+            )
             return taken.rejection()
         try:
             outcome = await self._sign_in(credentials, context, metadata)
