@@ -439,6 +439,7 @@ async def test_security_attacks_shows_counts_items_and_accounts_of_the_user_only
         "webhook_replay_attack": 1,
         "webhook_payload_invalid": 0,
         "csrf_validation_failed": 1,
+        "login_credential_attack": 0,
     }
     assert (report["total"], report["page"], report["page_size"]) == (5, 1, 20)
     items = report["items"]
