@@ -50,7 +50,7 @@ class Route:
 @attrs.define
 class _Session:
     broker: Broker
-    credentials_ref: str
+    credentials_ref: str  # the version of the credentials it was opened with
     connected: bool = False
 
 
@@ -104,8 +104,8 @@ class BrokerSessions:
             log.info("credentials of account %s changed; reconnecting with them", key[0])
             await self._close(key)
         account = await self._account(route)
-        session = _Session(self._brokers.open(account, simulation=route.simulation), "")
-        session.credentials_ref = account.credentials_ref
+        opened = self._brokers.open(account, simulation=route.simulation)
+        session = _Session(opened, account.credentials_ref)
         self._open[key] = session
         return session
 
