@@ -637,7 +637,9 @@ async def _keys_panel(
     issued: str | None = None,
     message: str | None = None,
     error: str | None = None,
+    template: str = "api_keys_panel.html",
 ) -> web.Response:
+    """The API keys (the panel fragment, or with ``template`` the whole page)."""
     services = request.app[SERVICES]
     keys = await services.api_keys.list_api_keys(principal)
     if isinstance(keys, Rejected):
@@ -649,24 +651,13 @@ async def _keys_panel(
         "message": message,
         "error": error,
     }
-    return ui.render(request, "api_keys_panel.html", context, principal=principal)
+    return ui.render(request, template, context, principal=principal)
 
 
 @routes.get("/ui/settings/api-keys", name="ui.api_keys")
 async def api_keys_page(request: web.Request) -> web.Response:
     principal = await ui.page_principal(request)
-    services = request.app[SERVICES]
-    keys = await services.api_keys.list_api_keys(principal)
-    if isinstance(keys, Rejected):
-        raise Problem(keys)
-    context = {
-        "keys": keys,
-        "now": services.clock.now(),
-        "issued": None,
-        "message": None,
-        "error": None,
-    }
-    return ui.render(request, "api_keys.html", context, principal=principal)
+    return await _keys_panel(request, principal, template="api_keys.html")
 
 
 @routes.post("/ui/settings/api-keys", name="ui.api_keys_create")
