@@ -24,7 +24,14 @@ from psycopg.conninfo import make_conninfo
 
 from tradecore_adapters.postgres import Pool, migrate, open_pool
 
-__all__ = ["fresh_pg_database", "pg_admin_conninfo", "pg_conninfo", "pg_pool"]
+__all__ = [
+    "create_database",
+    "drop_database",
+    "fresh_pg_database",
+    "pg_admin_conninfo",
+    "pg_conninfo",
+    "pg_pool",
+]
 
 ADMIN_URL_ENV = "TRADECORE_TEST_POSTGRES_URL"
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -39,7 +46,7 @@ def _unreachable(reason: str) -> None:
     pytest.skip(f"PostgreSQL not reachable ({ADMIN_URL_ENV}): {reason}")
 
 
-def _create_database(admin: str) -> str:
+def create_database(admin: str) -> str:
     """A new empty database; its conninfo."""
     name = f"tradecore_test_{secrets.token_hex(6)}"
     with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
@@ -47,7 +54,7 @@ def _create_database(admin: str) -> str:
     return make_conninfo(admin, dbname=name)
 
 
-def _drop_database(admin: str, conninfo: str) -> None:
+def drop_database(admin: str, conninfo: str) -> None:
     name = psycopg.conninfo.conninfo_to_dict(conninfo)["dbname"]
     with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
         conn.execute(
@@ -70,24 +77,24 @@ def pg_admin_conninfo() -> str:
 @pytest.fixture(scope="session")
 def pg_conninfo(pg_admin_conninfo: str) -> Iterator[str]:
     """The session's migrated throwaway database."""
-    conninfo = _create_database(pg_admin_conninfo)
+    conninfo = create_database(pg_admin_conninfo)
     try:
         # Outside the tests' event loops: a helper thread with its own loop.
         with ThreadPoolExecutor(max_workers=1) as runner:
             runner.submit(asyncio.run, migrate(conninfo)).result()
         yield conninfo
     finally:
-        _drop_database(pg_admin_conninfo, conninfo)
+        drop_database(pg_admin_conninfo, conninfo)
 
 
 @pytest.fixture
 def fresh_pg_database(pg_admin_conninfo: str) -> Iterator[str]:
     """An empty, unmigrated database for this test alone."""
-    conninfo = _create_database(pg_admin_conninfo)
+    conninfo = create_database(pg_admin_conninfo)
     try:
         yield conninfo
     finally:
-        _drop_database(pg_admin_conninfo, conninfo)
+        drop_database(pg_admin_conninfo, conninfo)
 
 
 @pytest.fixture
