@@ -6,7 +6,17 @@ import json
 import subprocess
 import sys
 
-FORBIDDEN = {"aiohttp", "redis", "psycopg", "psycopg_pool", "jwt", "argon2", "dependency_injector"}
+FORBIDDEN = {
+    "aiohttp",
+    "redis",
+    "psycopg",
+    "psycopg_pool",
+    "jwt",
+    "argon2",
+    "dependency_injector",
+    "structlog",
+    "prometheus_client",
+}
 
 PROBE = """
 import importlib, json, pkgutil, sys

@@ -1,17 +1,20 @@
 """The middleware chain, outermost first, and the response hook that adds security headers.
 
-1. ``guard``: the client IP through the trusted proxies, and the last-resort catch that turns
+1. ``request_ids``: the request's id, an incoming ``X-Request-ID`` that is valid (1 to 128
+   letters, digits and ``-_.:``; the edge's) or a new one; bound to every log line of the
+   request (``tradecore.log_fields``) and returned in the response's ``X-Request-ID``.
+2. ``guard``: the client IP through the trusted proxies, and the last-resort catch that turns
    any exception into a problem 500 without details (logged with the redacted path).
-2. ``cors``: preflights and the CORS headers for ``ALLOWED_ORIGINS``, with credentials and a
+3. ``cors``: preflights and the CORS headers for ``ALLOWED_ORIGINS``, with credentials and a
    limited set of exposed headers.
-3. ``browser_only`` (production only): requests need ``Origin`` or ``Referer``, and unsafe
+4. ``browser_only`` (production only): requests need ``Origin`` or ``Referer``, and unsafe
    methods need one of ``ALLOWED_ORIGINS`` (docs/security.md), except on the specification's exempt
    paths and for bearer-only requests, which carry no ambient credential. Reading a dashboard
    page (``GET /ui/...``) needs neither: a typed URL sends no Origin or Referer.
-4. ``csrf``: keeps the ``X-CSRF-Token`` header of unsafe methods for the comparison with the
+5. ``csrf``: keeps the ``X-CSRF-Token`` header of unsafe methods for the comparison with the
    session's token, which runs when the request is authenticated by its cookie
    (``tradecore_adapters.http.principal``).
-5. ``errors``: handler exceptions (``Problem``, aiohttp's HTTP errors, anything else) become
+6. ``errors``: handler exceptions (``Problem``, aiohttp's HTTP errors, anything else) become
    ``application/problem+json`` responses.
 
 A client that leaves mid-request (aiohttp's ``ClientConnectionResetError`` while reading the
@@ -19,19 +22,23 @@ body, "Cannot write to closing transport" while answering) is an ordinary event:
 without a traceback, and the access log shows 499. A connection error while the client is still
 connected (an outgoing call failing) stays an unexpected error.
 
-Security headers are set in ``on_response_prepare``, so every response carries them: errors,
-404s, preflights and aiohttp's own answers included.
+Security headers and ``X-Request-ID`` are set in ``on_response_prepare``, so every response
+carries them: errors, 404s, preflights and aiohttp's own answers included (``X-Request-ID``
+only once ``request_ids`` ran: not on a 400 to bytes that are not an HTTP request).
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from tradecore.errors import StoreUnavailable
+from tradecore.log_fields import LogFields, start_log_fields
 from tradecore.netaddr import client_ip
 from tradecore.services.vocabulary import UNAVAILABLE
 from tradecore.sessions import CSRF_HEADER, CSRF_PROTECTED_METHODS
@@ -51,6 +58,10 @@ log = logging.getLogger("tradecore.http")
 
 ACCESS_COOKIE = "access_token"
 REFRESH_COOKIE = "refresh_token"
+
+REQUEST_ID_HEADER = "X-Request-ID"
+REQUEST_ID = web.RequestKey("request_id", str)
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 _BROWSER_ONLY_EXEMPT_PREFIXES = ("/webhook/", "/public/", "/setup/", "/static/")
 # The dashboard's pages: a typed URL or a bookmark is a navigation without Origin or Referer.
@@ -109,6 +120,27 @@ def unexpected(request: web.Request, error: Exception) -> web.Response:
         return web.Response(status=CLIENT_CLOSED_REQUEST)
     log.error("unhandled error on %s %s", request.method, path, exc_info=error)
     return problem_response(500, "An unexpected error occurred")
+
+
+def request_id_of(request: web.Request) -> str:
+    """The request's id: its ``X-Request-ID`` when that is one valid id (a proxy at the edge
+    sets it), else a new random one (32 hexadecimal digits). An invalid header is not an
+    error: it is replaced, never logged."""
+    presented = request.headers.getall(REQUEST_ID_HEADER, [])
+    if len(presented) == 1 and _VALID_REQUEST_ID.fullmatch(presented[0]):
+        return presented[0]
+    return uuid.uuid4().hex
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # aiohttp serves each request in a task of its own, so the ids bound here (and the user
+    # and order ids bound later on the way) stay with this request's lines, its access-log
+    # line included, and start afresh for the next request on the same connection.
+    request_id = request_id_of(request)
+    request[REQUEST_ID] = request_id
+    start_log_fields(LogFields(request_id=request_id))
+    return await handler(request)
 
 
 @web.middleware
@@ -231,12 +263,17 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return unexpected(request, e)
 
 
-MIDDLEWARES = (guard, cors, browser_only, csrf, errors)
+MIDDLEWARES = (request_ids, guard, cors, browser_only, csrf, errors)
 
 
 async def security_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
     """``on_response_prepare``: the specification's headers on every response, the Server
-    header without a version, and ``no-store`` unless the handler chose a cache policy."""
-    response.headers.update(SECURITY_HEADERS)
+    header without a version, ``no-store`` unless the handler chose a cache policy, and the
+    request's ``X-Request-ID`` once ``request_ids`` gave it one."""
+    config = request.app[CONFIG] if isinstance(request, web.Request) else None
+    response.headers.update(SECURITY_HEADERS if config is None else config.security_headers)
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers[REQUEST_ID_HEADER] = request_id
     response.headers["Server"] = SERVER_HEADER
     response.headers.setdefault("Cache-Control", "no-store")

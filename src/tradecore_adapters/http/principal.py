@@ -15,6 +15,7 @@ from aiohttp import web
 
 from tradecore.attacks import csrf_metadata
 from tradecore.audit import AuditAction
+from tradecore.log_fields import bind_log_fields
 from tradecore.services.vocabulary import BROWSER_SESSION_REQUIRED, Principal, Rejected
 from tradecore.sessions import csrf_matches, csrf_required
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE
@@ -44,6 +45,7 @@ async def authenticate(request: web.Request, *, browser_session: bool = False) -
     if isinstance(outcome, Rejected):
         raise Problem(outcome)
     principal = outcome
+    bind_log_fields(user_id=principal.user_id)  # the request's later log lines name the user
     if principal.via_cookie and csrf_required(request.method, request.path):
         session = principal.session
         presented = request.get(CSRF_PRESENTED)

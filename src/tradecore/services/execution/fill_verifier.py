@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from tradecore import fills
 from tradecore.errors import BrokerDisconnected
 from tradecore.fills import FillDecision, FillState
+from tradecore.log_fields import LogFields, log_fields_bound
 from tradecore.order_lifecycle import FillChecked, FillRecorded, ReportedFill
 from tradecore.orders import OrderHistoryRecord, OrderStatus
 from tradecore.ports.broker import BrokerOrder
@@ -56,7 +57,17 @@ class FillVerifier:
         return await self.process(delivery)
 
     async def process(self, delivery: FillDelivery) -> FillDecision | None:
-        """Check one order and settle its message. None when there was nothing to check."""
+        """Check one order and settle its message. None when there was nothing to check.
+        Every log line written meanwhile names the order, its user and its account."""
+        task = delivery.task
+        fields = LogFields(
+            user_id=task.user_id, account_id=task.trading_account_id, order_id=task.order_id
+        )
+        with log_fields_bound(fields):
+            decision = await self._process(delivery)
+        return decision
+
+    async def _process(self, delivery: FillDelivery) -> FillDecision | None:
         row = await self._orders.get(delivery.task.order_id)
         state = self._state(row, delivery)
         if row is None or state is None:
@@ -69,6 +80,9 @@ class FillVerifier:
             observed = None
             decision = fills.decide_unreachable(state, delivery.receive_count)
         await self._write(row, decision, observed)
+        log.info(
+            "order %s: fill check %d: %s", row.id, delivery.receive_count, decision.state.value
+        )
         if decision.dead_letter:
             log.error("order %s: fill verification dead-lettered (%s)", row.id, decision.reason)
             await self._tasks.dead_letter(delivery, decision.reason or "retries exhausted")
