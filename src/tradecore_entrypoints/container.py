@@ -29,6 +29,7 @@ from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.execution.worker_host import HostSettings
 from tradecore.services.orders.settings import OrderSettings
 from tradecore_adapters.http import create_app
+from tradecore_adapters.metrics import ProcessMetrics, metrics_middleware
 from tradecore_adapters.system import AsyncioSleeper, SecretsRandom, SystemClock
 from tradecore_entrypoints.adapter_sets import (
     AdapterSet,
@@ -59,6 +60,8 @@ class Core(containers.DeclarativeContainer):
     reset_settings = providers.Singleton(Settings.reset_settings, settings, base_url)
     http_config = providers.Singleton(Settings.http_config, settings, base_url)
     paper_conditions = providers.Singleton(Settings.paper_conditions, settings)
+    # this process's metrics: None (off) unless ``observability.instrument`` put them in
+    metrics: providers.Provider[ProcessMetrics | None] = providers.Object(None)
 
 
 class Application(containers.DeclarativeContainer):
@@ -138,8 +141,10 @@ def make_app(container: Application) -> web.Application:
         yield
         await session.close()
 
+    metrics = container.core.metrics()
     return create_app(
         container.services.http(),
         container.core.http_config(),
         cleanup=[client_session, runtime],
+        outer_middlewares=() if metrics is None else (metrics_middleware(metrics),),
     )

@@ -122,6 +122,13 @@ class System:
             if verify_fills:
                 self._verifier_task = asyncio.create_task(self._verify_forever(), name="fills")
 
+    @property
+    def workers_running(self) -> bool:
+        """Whether this process runs its worker host now: started, not stopped, and its
+        fill-verifier loop (when started) still alive (it only ends when cancelled)."""
+        verifier = self._verifier_task
+        return self._workers_started and (verifier is None or not verifier.done())
+
     async def stop(self) -> None:
         """Stop the fill verifier and the workers, let the mail in flight go, close the
         stores."""

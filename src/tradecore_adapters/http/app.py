@@ -13,11 +13,21 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from tradecore_adapters.http.access_log import RedactingAccessLogger
 from tradecore_adapters.http.config import CLIENT_MAX_SIZE, KEEPALIVE_TIMEOUT_S, HttpConfig
 from tradecore_adapters.http.middlewares import MIDDLEWARES, security_headers
-from tradecore_adapters.http.routes import accounts, auth, orders, pages, settings, system
+from tradecore_adapters.http.routes import (
+    accounts,
+    auth,
+    operator,
+    orders,
+    pages,
+    public,
+    settings,
+    system,
+)
 from tradecore_adapters.http.state import CONFIG, OPENAPI, SERVICES, Services
 from tradecore_adapters.http.ui import setup_templates
 
@@ -36,14 +46,17 @@ def create_app(
     config: HttpConfig,
     *,
     cleanup: Sequence[CleanupContext] = (),
+    outer_middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """The HTTP service over ``services``. ``cleanup`` contexts run in order at startup (up
-    to their ``yield``) and in reverse order at shutdown."""
-    app = web.Application(middlewares=MIDDLEWARES, client_max_size=CLIENT_MAX_SIZE)
+    to their ``yield``) and in reverse order at shutdown. ``outer_middlewares`` run around
+    the whole chain (the metrics middleware: it must see the status the client gets)."""
+    middlewares = (*outer_middlewares, *MIDDLEWARES)
+    app = web.Application(middlewares=middlewares, client_max_size=CLIENT_MAX_SIZE)
     app[SERVICES] = services
     app[CONFIG] = config
     app[OPENAPI] = openapi_document()
-    for module in (system, auth, accounts, orders, settings, pages):
+    for module in (system, auth, accounts, orders, settings, operator, public, pages):
         app.add_routes(module.routes)
     setup_templates(app)
     app.on_response_prepare.append(security_headers)
