@@ -31,7 +31,9 @@ from tradecore_entrypoints.admin import (
 )
 from tradecore_entrypoints.audit_verification import is_seal, verify_audit_database
 from tradecore_entrypoints.container import Application, build_container, make_app
+from tradecore_entrypoints.logs import configure_logging
 from tradecore_entrypoints.loop import run_fast, settle_heap
+from tradecore_entrypoints.observability import metrics_for, serving_metrics
 from tradecore_entrypoints.settings import ConfigError, Settings
 from tradecore_entrypoints.system import System
 
@@ -55,10 +57,12 @@ def _fail(reason: str) -> NoReturn:
 
 
 @click.group()
+@click.version_option(package_name="tradecore", prog_name="tradecore")
 @click.option("--log-level", default="WARNING", show_default=True, help="Python log level.")
 def main(log_level: str) -> None:
     """tradecore: trading automation with per-user workers."""
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    # LOG_FORMAT is applied by serve and worker once the settings are read
+    configure_logging(level=log_level)
 
 
 @main.command()
@@ -84,6 +88,7 @@ def serve(host: str, port: int, seed_demo: bool) -> None:
         settings = Settings.from_env()
         if seed_demo and settings.production:
             raise ConfigError("--demo is refused with TRADECORE_ENV=production")
+        configure_logging(settings.log_format)
         run_fast(serve_forever(settings, host, port, demo=seed_demo, echo=click.echo))
     except ConfigError as e:
         _fail(str(e))
@@ -148,6 +153,7 @@ def worker() -> None:
         settings = Settings.from_env()
         if settings.database_url is None or settings.redis_url is None:
             raise ConfigError("tradecore worker needs DATABASE_URL and REDIS_URL")
+        configure_logging(settings.log_format)
         run_fast(run_worker(settings))
     except ConfigError as e:
         _fail(str(e))
@@ -159,13 +165,18 @@ def worker() -> None:
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Start a worker host, run until ``stop`` is set or SIGINT/SIGTERM arrives, stop."""
-    system: System = build_container(settings).services.system()
+    container = build_container(settings)
+    metrics = metrics_for(container, settings)
+    system: System = container.services.system()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
-    async with system.running(workers=True):
+    async with (
+        system.running(workers=True),
+        serving_metrics(metrics, system, settings, worker_host=True),
+    ):
         log.warning("tradecore worker host %s running", system.host.holder)
         await stop.wait()
 
@@ -175,12 +186,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
 @click.option("--password-stdin", is_flag=True, required=True, help="Read the password from stdin.")
 @click.option("--plan", type=click.Choice(["free", "pro"]), default="free", show_default=True)
 @click.option("--accept-terms", is_flag=True, help="Record the current terms as accepted.")
-def create_user(email: str, password_stdin: bool, plan: str, accept_terms: bool) -> None:
+@click.option("--admin", "is_admin", is_flag=True, help="Make the user an administrator.")
+def create_user(
+    email: str, password_stdin: bool, plan: str, accept_terms: bool, is_admin: bool
+) -> None:
     """Create a user; prints {"user_id": ...}."""
     container = _admin_container()
     password = sys.stdin.readline().rstrip("\r\n")
     result = _run_admin(
-        container, lambda: admin_create_user(container, email, password, plan, accept_terms)
+        container,
+        lambda: admin_create_user(container, email, password, plan, accept_terms, admin=is_admin),
     )
     click.echo(json.dumps(result))
 
@@ -254,6 +269,7 @@ async def serve_forever(
     sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
     bound_port = sock.getsockname()[1]
     container = build_container(settings, base_url=settings.base_url(host, bound_port))
+    metrics = metrics_for(container, settings)
     app = make_app(container)
     line = await seed_demo(container) if demo else None
     runner = web.AppRunner(app, handle_signals=False, **runner_options())
@@ -273,7 +289,9 @@ async def serve_forever(
             settings.base_url(host, bound_port),
             settings.runtime,
         )
-        await stop.wait()
+        system = container.services.system()
+        async with serving_metrics(metrics, system, settings, worker_host=False):
+            await stop.wait()
     finally:
         await runner.cleanup()
         sock.close()

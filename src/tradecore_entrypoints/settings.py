@@ -19,13 +19,18 @@ import attrs
 
 from tradecore.limits import PlanCaps
 from tradecore.netaddr import IPNetwork
-from tradecore.services.execution.worker_host import DEFAULT_MARK_TTL_S, HostSettings
+from tradecore.services.execution.worker_host import (
+    DEFAULT_MARK_TTL_S,
+    DEFAULT_RECOVERY_GRACE_S,
+    HostSettings,
+)
 from tradecore.services.identity.password_reset import ResetSettings
 from tradecore.services.identity.settings import AuthSettings
 from tradecore.services.orders.settings import OrderSettings
 from tradecore_adapters.brokers.paper import PaperConditions
 from tradecore_adapters.captcha.turnstile import SITEVERIFY_URL
 from tradecore_adapters.http import HttpConfig
+from tradecore_entrypoints.logs import LogFormat, parse_log_format
 from tradecore_entrypoints.settings_parsers import (
     count,
     database_url,
@@ -72,6 +77,8 @@ class Variable(Generic[T]):
     ``strip``: surrounding blanks are dropped first, so a blank value counts as unset.
     ``empty_is_unset``: an empty value counts as unset; when False it is parsed
     (``ALLOWED_ORIGINS=`` allows no origin at all).
+    ``secret``: the value may instead be given in a file named by ``<name>_FILE``
+    (``secret_text``), as container secrets are mounted.
     """
 
     name: str
@@ -81,10 +88,11 @@ class Variable(Generic[T]):
     parse: Callable[[str, str], T]
     strip: bool = False
     empty_is_unset: bool = True
+    secret: bool = False
 
     def read(self, env: Mapping[str, str]) -> T | None:
         """The parsed value from ``env``; ConfigError with the parser's one-line reason."""
-        raw = env.get(self.name)
+        raw = secret_text(self.name, env) if self.secret else env.get(self.name)
         if raw is not None and self.strip:
             raw = raw.strip()
         if raw is None or (raw == "" and self.empty_is_unset):
@@ -97,7 +105,41 @@ class Variable(Generic[T]):
             raise ConfigError(str(e)) from None
 
 
+def secret_text(name: str, env: Mapping[str, str]) -> str | None:
+    """A secret variable's text: ``env[name]``, or the content of the file ``env[name_FILE]``
+    names with one trailing line break dropped (a Docker or Kubernetes secret). An empty
+    variable counts as not given. ConfigError when both are given, or when the file cannot
+    be read as UTF-8; the message names the variable and the path, never the content."""
+    file_variable = f"{name}_FILE"
+    path = env.get(file_variable) or None
+    if path is None:
+        return env.get(name)
+    if env.get(name):
+        raise ConfigError(f"set {name} or {file_variable}, not both")
+    try:
+        with open(path, encoding="utf-8", newline="") as secret_file:
+            content = secret_file.read()
+    except OSError as e:
+        raise ConfigError(f"{file_variable}: cannot read {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file_variable}: {path} is not UTF-8 text") from None
+    for line_break in ("\r\n", "\n"):
+        if content.endswith(line_break):
+            return content[: -len(line_break)]
+    return content
+
+
 DEFAULT_ALLOWED_ORIGINS = "http://localhost:5173"
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def tcp_port(name: str, value: str) -> int:
+    """A TCP port to listen on, 1 to 65535."""
+    port = positive_integer(name, value)
+    if port > 65535:
+        raise ValueError(f"{name} must be a TCP port from 1 to 65535, got {value!r}")
+    return port
+
 
 VARIABLES: tuple[Variable[Any], ...] = (
     # runtime and stores
@@ -106,17 +148,17 @@ VARIABLES: tuple[Variable[Any], ...] = (
              "secrets", runtime_mode, strip=True),
     Variable("DATABASE_URL", "database_url", None,
              "postgresql:// URL of the durable store; with REDIS_URL, the production runtime",
-             database_url),
+             database_url, secret=True),
     Variable("REDIS_URL", "redis_url", None,
              "redis:// or rediss:// URL of the queues, leases and short-lived keys",
-             redis_url),
+             redis_url, secret=True),
     # secrets
     Variable("JWT_SECRET", "jwt_secret", None,
              "HS256 key of the session tokens, at least 32 bytes, the same in every API process",
-             jwt_secret),
+             jwt_secret, secret=True),
     Variable("ENCRYPTION_KEY", "encryption_key", None,
              "32 random bytes in URL-safe base64; encrypts broker credentials at rest",
-             encryption_key),
+             encryption_key, secret=True),
     # HTTP and cookies
     Variable("PUBLIC_BASE_URL", "public_base_url", None,
              "http(s) URL webhook and reset links start with; unset: the address served",
@@ -141,16 +183,20 @@ VARIABLES: tuple[Variable[Any], ...] = (
              "bot challenge on login and registration; unset: on in production, off in "
              "development", flag, strip=True),
     Variable("TURNSTILE_SECRET", "turnstile_secret", None,
-             "secret key of the Turnstile site, sent with each challenge check", text),
+             "secret key of the Turnstile site, sent with each challenge check", text,
+             secret=True),
     Variable("TURNSTILE_VERIFY_URL", "turnstile_verify_url", SITEVERIFY_URL,
              "where challenge tokens are verified", text),
+    Variable("TURNSTILE_SITE_KEY", "turnstile_site_key", None,
+             "public site key of the Turnstile widget on the dashboard's login and "
+             "registration pages", text, strip=True),
     Variable("CAPTCHA_BYPASS_USER_AGENTS", "captcha_bypass_user_agents", "",
              "User-Agent values, separated by |, that skip the challenge (test clients)",
              user_agents),
     # mail
     Variable("SMTP_URL", "smtp_url", None,
              "smtp:// or smtps:// server for alerts and reset mails (?starttls=1); unset: "
-             "mails are only logged", smtp_url),
+             "mails are only logged", smtp_url, secret=True),
     Variable("MAIL_FROM", "mail_from", None,
              "sender address of every mail", mail_from, strip=True),
     # order flow waits and limits
@@ -176,6 +222,9 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("WORKER_MARK_TTL_S", "worker_mark_ttl_s", f"{DEFAULT_MARK_TTL_S:g}",
              "time to live of a worker's lease, at least 3 s; renewed every sixth of it",
              mark_ttl, strip=True),
+    Variable("QUEUED_ORDER_GRACE_S", "queued_order_grace_s", f"{DEFAULT_RECOVERY_GRACE_S:g}",
+             "an order still queued this long after its intent was written (its API died "
+             "before handing it over) is handed to a worker again", positive, strip=True),
     # paper broker
     Variable("PAPER_BROKER_LATENCY_MS", "paper_latency_ms", "0",
              "the paper broker waits this long before every call", non_negative, strip=True),
@@ -193,6 +242,16 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("BROKER_TIMEOUT_MS", "broker_timeout_ms", "10000",
              "a call to a real venue that takes longer fails (the worker reconnects)",
              positive, strip=True),
+    # logs
+    Variable("LOG_FORMAT", "log_format", None,
+             "json (one JSON object a line) or console (readable lines); unset: console when "
+             "standard error is a terminal, json otherwise", parse_log_format, strip=True),
+    # metrics
+    Variable("METRICS_PORT", "metrics_port", None,
+             "port of the operators' /metrics (and a worker host's /health/*); unset: off",
+             tcp_port, strip=True),
+    Variable("METRICS_HOST", "metrics_host", DEFAULT_METRICS_HOST,
+             "address the metrics port listens on", text, strip=True),
 )  # fmt: skip
 
 
@@ -215,6 +274,7 @@ class Settings:
     captcha_enabled: bool = False
     turnstile_secret: str | None = attrs.field(default=None, repr=False)
     turnstile_verify_url: str = SITEVERIFY_URL
+    turnstile_site_key: str | None = None
     captcha_bypass_user_agents: frozenset[str] = frozenset()
     smtp_url: str | None = attrs.field(default=None, repr=False)
     mail_from: str | None = None
@@ -226,11 +286,15 @@ class Settings:
     worker_start_timeout_s: float = 60.0
     worker_idle_timeout_s: float = 43_200.0
     worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S
+    queued_order_grace_s: float = DEFAULT_RECOVERY_GRACE_S
     paper_latency_ms: float = 0.0
     paper_disconnect_every: int = 0
     paper_prices: str = "static"
     broker_endpoints: Mapping[str, str] = attrs.field(factory=dict, hash=False)
     broker_timeout_ms: float = 10_000.0
+    log_format: LogFormat | None = None
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_METRICS_HOST
 
     @property
     def runtime(self) -> str:
@@ -283,6 +347,7 @@ class Settings:
             idle_timeout_s=self.worker_idle_timeout_s,
             mark_ttl_s=self.worker_mark_ttl_s,
             poll_s=WORKER_POLL_S,
+            recovery_grace_s=self.queued_order_grace_s,
         )
 
     def venue_check_timeout_s(self) -> float:
@@ -322,6 +387,8 @@ class Settings:
             refresh_ttl=timedelta(days=self.refresh_token_days),
             public_base_url=base_url,
             terms_version=self.terms_version,
+            challenge_enabled=self.captcha_enabled,
+            challenge_site_key=self.turnstile_site_key,
         )
 
 

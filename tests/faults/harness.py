@@ -42,6 +42,7 @@ import psycopg
 import redis
 
 from tradecore_adapters.redis.messaging import mark_key
+from tradecore_entrypoints.settings import VARIABLES
 
 TRADECORE = Path(sys.executable).with_name("tradecore")
 PASSWORD = "correct horse battery staple"
@@ -53,35 +54,13 @@ HTTP_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 15.0
 
 # Variables of the operator's environment that would change what the processes do.
-_CONFIG_VARIABLES = (
-    "TRADECORE_ENV",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "JWT_SECRET",
-    "ENCRYPTION_KEY",
-    "PUBLIC_BASE_URL",
-    "TRUSTED_PROXIES",
-    "ALLOWED_ORIGINS",
-    "COOKIE_DOMAIN",
-    "CAPTCHA_ENABLED",
-    "CAPTCHA_BYPASS_USER_AGENTS",
-    "TURNSTILE_SECRET",
-    "TURNSTILE_VERIFY_URL",
-    "SMTP_URL",
-    "MAIL_FROM",
-    "ACCESS_TOKEN_EXPIRE_MINUTES",
-    "REFRESH_TOKEN_EXPIRE_DAYS",
-    "ORDER_RESPONSE_WAIT_S",
-    "WEBHOOK_RESPONSE_WAIT_S",
-    "WORKER_START_TIMEOUT_S",
-    "WORKER_IDLE_TIMEOUT_S",
-    "WORKER_MARK_TTL_S",
-    "RATE_LIMIT_PER_MINUTE",
-    "PLAN_DAILY_ORDER_CAPS",
-    "TERMS_VERSION",
-    "PAPER_BROKER_LATENCY_MS",
-    "PAPER_BROKER_DISCONNECT_EVERY",
+_CONFIG_VARIABLES = frozenset(
+    name
+    for variable in VARIABLES
+    for name in (variable.name, f"{variable.name}_FILE" if variable.secret else variable.name)
 )
+"""Every variable ``Settings.from_env`` reads (with the ``*_FILE`` forms of the secrets): the
+test processes get only what a test gives them, whatever the surrounding environment holds."""
 
 
 class Unavailable(Exception):
