@@ -24,7 +24,10 @@ class User:
     """A user account.
 
     ``subscription_expires_at`` None means the plan does not expire. ``accepted_terms_version``
-    is the latest terms-of-service version the user accepted (None: never).
+    is the latest terms-of-service version the user accepted (None: never). ``is_admin``: an
+    administrator of the deployment (the operator endpoints ``/setup/*`` and ``/deployment/*``);
+    set by the first-run setup or ``tradecore admin create-user --admin``, never by a request
+    of the user.
     """
 
     id: str
@@ -35,6 +38,7 @@ class User:
     disabled: bool = False
     subscription_expires_at: datetime | None = None
     accepted_terms_version: str | None = None
+    is_admin: bool = False
 
     def effective_plan(self, now: datetime) -> Plan:
         """The plan in force at ``now``: an expired subscription loses premium features."""

@@ -20,6 +20,7 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from tradecore.ports.broker import BrokerFactory, InstrumentDirectory
+from tradecore.ports.deployment import SchemaLedger
 from tradecore.ports.documents import DocumentStore
 from tradecore.ports.identity import CaptchaVerifier, Mailer
 from tradecore.ports.messaging import FillTaskQueue, OrderQueue, WorkerDirectory
@@ -75,6 +76,7 @@ from tradecore_adapters.memory.repositories import (
     MemoryUserRepository,
 )
 from tradecore_adapters.memory.resets import MemoryPasswordResetTokens
+from tradecore_adapters.memory.schema_ledger import MemorySchemaLedger
 from tradecore_adapters.memory.stores import InProcessStores
 from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 from tradecore_adapters.postgres import (
@@ -88,6 +90,7 @@ from tradecore_adapters.postgres import (
     PostgresTradingAccountRepository,
     PostgresUserRepository,
 )
+from tradecore_adapters.postgres.schema_ledger import PostgresSchemaLedger
 from tradecore_adapters.redis import (
     RedisAlertThrottle,
     RedisFillTaskQueue,
@@ -134,6 +137,7 @@ class AdapterSet(containers.DeclarativeContainer):
     audit: providers.Provider[AuditLog] = port(AuditLog)
     resets: providers.Provider[PasswordResetTokens] = port(PasswordResetTokens)
     documents: providers.Provider[DocumentStore] = port(DocumentStore)
+    schema: providers.Provider[SchemaLedger] = port(SchemaLedger)
     replay: providers.Provider[ReplayStore] = port(ReplayStore)
     limiter: providers.Provider[RateLimiter] = port(RateLimiter)
     admission: providers.Provider[WebhookAdmission] = port(WebhookAdmission)
@@ -191,6 +195,7 @@ class MemoryAdapters(AdapterSet):
     audit = providers.Singleton(MemoryAuditLog)
     resets = providers.Singleton(MemoryPasswordResetTokens)
     documents = providers.Singleton(MemoryDocumentStore)
+    schema = providers.Singleton(MemorySchemaLedger)
     replay = providers.Singleton(MemoryReplayStore, AdapterSet.core.clock)
     limiter = providers.Singleton(MemoryRateLimiter, AdapterSet.core.clock)
     admission = providers.Singleton(MemoryWebhookAdmission, replay, limiter)
@@ -244,6 +249,7 @@ class PostgresRedisAdapters(AdapterSet):
     audit = providers.Singleton(PostgresAuditLog, stores.provided.pool)
     resets = providers.Singleton(PostgresPasswordResetTokens, stores.provided.pool)
     documents = providers.Singleton(PostgresDocumentStore, stores.provided.pool)
+    schema = providers.Singleton(PostgresSchemaLedger, stores.provided.pool)
     replay = providers.Singleton(RedisReplayStore, stores.provided.redis.commands)
     limiter = providers.Singleton(RedisRateLimiter, stores.provided.redis.commands)
     admission = providers.Singleton(RedisWebhookAdmission, stores.provided.redis.commands)

@@ -33,15 +33,22 @@ async def _user_by_email(container: Application, email: str) -> User:
 
 
 async def admin_create_user(
-    container: Application, email: str, password: str, plan: str, accept_terms: bool
+    container: Application,
+    email: str,
+    password: str,
+    plan: str,
+    accept_terms: bool,
+    *,
+    admin: bool = False,
 ) -> dict[str, Any]:
-    """``admin create-user``: ``{"user_id"}``."""
+    """``admin create-user``: ``{"user_id"}``; an administrator with ``admin``."""
     settings: Settings = container.core.settings()
     user = await _system(container).provisioning.create_user(
         email,
         password,
         plan=Plan(plan),
         terms_version=settings.terms_version if accept_terms else None,
+        admin=admin,
     )
     return {"user_id": user.id}
 
@@ -72,7 +79,8 @@ async def admin_revoke_sessions(container: Application, email: str) -> dict[str,
 
 async def seed_demo(container: Application) -> dict[str, str]:
     """The ``--demo`` user (plan pro, terms accepted) and its verified paper account, as the
-    JSON line ``serve --demo`` prints."""
+    JSON line ``serve --demo`` prints: the dashboard's address first, then the credentials
+    to log in with, then the account's webhook URL and secret."""
     settings: Settings = container.core.settings()
     system = _system(container)
     password = secrets.token_urlsafe(18)
@@ -82,10 +90,12 @@ async def seed_demo(container: Application) -> dict[str, str]:
     new = await system.provisioning.create_account(
         user, "Demo paper account", credentials_verified=True
     )
+    base_url = container.core.base_url()
     return {
+        "dashboard_url": f"{base_url}/",
         "email": user.email,
         "password": password,
-        "webhook_url": new.webhook_url(container.core.base_url()),
+        "webhook_url": new.webhook_url(base_url),
         "webhook_secret": new.webhook_secret,
         "trading_account_id": new.account.id,
     }

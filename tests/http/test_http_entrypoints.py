@@ -152,7 +152,15 @@ async def test_demo_seed_is_a_ready_pro_user_with_a_verified_account() -> None:
     container = build_container(Settings(), base_url="http://127.0.0.1:8080")
     container.shared.hasher.override(providers.Object(fast_hasher()))
     line = await seed_demo(container)
-    assert set(line) == {"email", "password", "webhook_url", "webhook_secret", "trading_account_id"}
+    assert set(line) == {
+        "dashboard_url",
+        "email",
+        "password",
+        "webhook_url",
+        "webhook_secret",
+        "trading_account_id",
+    }
+    assert line["dashboard_url"] == "http://127.0.0.1:8080/"
     system = container.services.system()
     user = await system.users.by_email(line["email"])
     assert user is not None and user.plan.value == "pro" and user.accepted_terms_version == "1"
@@ -200,6 +208,10 @@ async def test_serve_demo_prints_one_line_and_serves_a_webhook() -> None:
                 json={"email": demo["email"], "password": demo["password"]},
             ) as response:
                 assert response.status == 200
+        # a new visitor, without cookies
+        async with aiohttp.ClientSession() as browser, browser.get(demo["dashboard_url"]) as page:
+            assert page.status == 200 and page.url.path == "/ui/login"
+            assert "Log in" in await page.text()
     finally:
         stop.set()
         await asyncio.wait_for(server, 30)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_MAP = ROOT / "docs" / "spec-map.md"
-REFERENCE = re.compile(r"`((?:unit|contract|http|integration)/[\w/]+\.py)?(?:::(\w+))?`")
+REFERENCE = re.compile(
+    r"`((?:unit|contract|http|integration|faults|browser|edge|packaging)/[\w/]+\.py)?(?:::(\w+))?`"
+)
 
 
 def references() -> list[tuple[str, str | None]]:

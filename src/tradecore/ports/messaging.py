@@ -15,6 +15,26 @@ import attrs
 from tradecore.orders import OrderRequest, OrderResult
 
 
+@attrs.frozen
+class QueueDepth:
+    """One user's order queue: requests waiting to be taken and requests taken but not yet
+    completed."""
+
+    user_id: str
+    waiting: int
+    in_flight: int
+
+
+@attrs.frozen
+class WorkerLease:
+    """A live ``worker:active`` mark: the worker host (``holder``) serving the user, and the
+    lease's fencing token."""
+
+    user_id: str
+    holder: str
+    token: int
+
+
 @runtime_checkable
 class OrderQueue(Protocol):
     """The per-user request list and the per-request reply list.
@@ -52,6 +72,12 @@ class OrderQueue(Protocol):
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
         """Requests taken but never completed (a crashed worker's), oldest first."""
+        ...
+
+    async def depths(self, limit: int = 1000) -> list[QueueDepth]:
+        """(Operators) the users whose request or in-flight list is not empty, with both
+        lengths, ordered by user id; at most ``limit``. A snapshot taken without stopping the
+        queue: counts may be a moment apart. Raises KeyValueStoreUnavailable."""
         ...
 
 
@@ -116,6 +142,11 @@ class WorkerDirectory(Protocol):
         """(Worker host) users with requests waiting or in flight whose lease is absent:
         their host died, or their lease lapsed between requests. At most ``limit``; a host
         that finds one starts a worker for it, which recovers the requests."""
+        ...
+
+    async def leases(self, limit: int = 1000) -> list[WorkerLease]:
+        """(Operators) the live leases, ordered by user id; at most ``limit``. A snapshot: a
+        lease may end or start right after it is read."""
         ...
 
     async def retire(self, user_id: str, token: int) -> bool:
@@ -183,4 +214,9 @@ class FillTaskQueue(Protocol):
 
     async def dead_letters(self) -> list[tuple[FillTask, str]]:
         """Dead-lettered tasks with their reasons, oldest first."""
+        ...
+
+    async def pending_count(self) -> int:
+        """(Operators) messages sent and not yet settled: delayed, visible or in flight
+        (dead letters not included). A snapshot."""
         ...

@@ -51,6 +51,11 @@ BROWSER_SESSION_REQUIRED = Rejected(
 browser session: a request made with an API key is refused."""
 
 
+ADMIN_REQUIRED = Rejected(403, "admin_required", "This endpoint is for administrators only")
+"""The operator endpoints (``/setup/*`` once set up, ``/deployment/*``) refuse an
+authenticated caller who is not an administrator."""
+
+
 def bad_request(detail: str) -> Rejected:
     """400 with a reason that is safe to show."""
     return Rejected(400, "invalid_request", detail)

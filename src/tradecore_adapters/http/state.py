@@ -26,8 +26,10 @@ from tradecore.services.accounts.account_credentials import AccountCredentials
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.execution.deployment_status import DeploymentStatus
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
+from tradecore.services.identity.first_run_setup import FirstRunSetup
 from tradecore.services.identity.login import PasswordLogin
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
@@ -81,6 +83,8 @@ class Services:
     account_credentials: AccountCredentials
     transport_key: TransportKey
     history_reads: HistoryReads
+    setup: FirstRunSetup
+    deployment: DeploymentStatus
 
 
 SERVICES = web.AppKey("services", Services)

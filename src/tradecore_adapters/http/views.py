@@ -100,7 +100,7 @@ def history_item(row: OrderHistoryRecord) -> dict[str, Any]:
         "symbol": row.symbol,
         "action": row.action.value,
         "quantity": decimal(row.quantity),
-        "order_type": row.order_type.value,
+        "order_type": None if row.order_type is None else row.order_type.value,
         "source": row.source.value,
         "order_id": row.order_id,
         "broker_refs": list(row.broker_refs),
@@ -133,6 +133,7 @@ def user(user: User, *, plan: Plan, terms_version: str) -> dict[str, Any]:
         "terms_accepted": user.accepted_terms_version == terms_version,
         "current_terms_version": terms_version,
         "created_at": timestamp(user.created_at),
+        "is_admin": user.is_admin,
     }
 
 

@@ -124,6 +124,9 @@ class MemoryFillTaskQueue:
     async def dead_letters(self) -> list[tuple[FillTask, str]]:
         return list(self._dead)
 
+    async def pending_count(self) -> int:
+        return len(self._messages)
+
     @staticmethod
     def _after(now: datetime, delay_s: float) -> datetime:
         return now + timedelta(seconds=delay_s) if delay_s > 0 else now

@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from datetime import datetime, timedelta
 
 from tradecore.orders import OrderRequest, OrderResult
+from tradecore.ports.messaging import QueueDepth
 from tradecore.ports.runtime import Clock
 from tradecore_adapters.memory.doorbell import Doorbell, wait_for
 from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
@@ -88,6 +89,12 @@ class MemoryOrderQueue:
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
         return list(self._taken.get(user_id, []))
+
+    async def depths(self, limit: int = 1000) -> list[QueueDepth]:
+        return [
+            QueueDepth(u, len(self._waiting.get(u, ())), len(self._taken.get(u, ())))
+            for u in self.users_with_requests()[: max(0, limit)]
+        ]
 
     def _move_oldest(self, user_id: str) -> OrderRequest | None:
         waiting = self._waiting.get(user_id)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import attrs
 
+from tradecore.ports.messaging import WorkerLease
 from tradecore.ports.runtime import Clock
 from tradecore_adapters.memory.doorbell import ANY, Doorbell, wait_for
 
@@ -117,6 +118,11 @@ class MemoryWorkerDirectory:
         lease = self._lease(user_id)
         if lease is not None and lease.token == token:
             del self._leases[user_id]
+
+    async def leases(self, limit: int = 1000) -> list[WorkerLease]:
+        live = ((u, self._lease(u)) for u in sorted(self._leases))
+        found = [WorkerLease(u, lease.holder, lease.token) for u, lease in live if lease]
+        return found[: max(0, limit)]
 
     async def retire(self, user_id: str, token: int) -> bool:
         lease = self._lease(user_id)

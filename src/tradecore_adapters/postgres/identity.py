@@ -17,6 +17,7 @@ from typing import Any
 from tradecore.identity import AllowedIp, ApiKey, Plan, Session, User
 from tradecore.ports.repositories import save_fields
 from tradecore.sessions import RefreshRotation
+from tradecore_adapters.postgres.errors import database_errors
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import (
     Row,
@@ -38,6 +39,7 @@ USER_COLUMNS = (
     "disabled",
     "subscription_expires_at",
     "accepted_terms_version",
+    "is_admin",
 )
 
 
@@ -56,6 +58,7 @@ def user_from_row(row: Row, prefix: str = "") -> User:
         disabled=col("disabled"),
         subscription_expires_at=utc_or_none(col("subscription_expires_at")),
         accepted_terms_version=col("accepted_terms_version"),
+        is_admin=col("is_admin"),
     )
 
 
@@ -70,7 +73,19 @@ def _user_params(user: User) -> dict[str, Any]:
         "disabled": user.disabled,
         "subscription_expires_at": user.subscription_expires_at,
         "accepted_terms_version": user.accepted_terms_version,
+        "is_admin": user.is_admin,
     }
+
+
+_USER_VALUES = (
+    "%(id)s, %(email)s, %(email_key)s, %(password_hash)s, %(plan)s, %(created_at)s,"
+    " %(disabled)s, %(subscription_expires_at)s, %(accepted_terms_version)s, %(is_admin)s"
+)
+_INSERT_INTO_USERS = (
+    "INSERT INTO users (id, email, email_key, password_hash, plan, created_at, disabled,"
+    " subscription_expires_at, accepted_terms_version, is_admin)"
+)
+_INSERT_USER = f"{_INSERT_INTO_USERS} VALUES ({_USER_VALUES})"
 
 
 class PostgresUserRepository:
@@ -82,15 +97,30 @@ class PostgresUserRepository:
     async def add(self, user: User) -> bool:
         row = await fetch_one(
             self._pool,
-            "INSERT INTO users (id, email, email_key, password_hash, plan, created_at, disabled,"
-            " subscription_expires_at, accepted_terms_version)"
-            " VALUES (%(id)s, %(email)s, %(email_key)s, %(password_hash)s, %(plan)s,"
-            " %(created_at)s, %(disabled)s, %(subscription_expires_at)s,"
-            " %(accepted_terms_version)s)"
-            " ON CONFLICT (email_key) DO NOTHING RETURNING id",
+            _INSERT_USER + " ON CONFLICT (email_key) DO NOTHING RETURNING id",
             _user_params(user),
         )
         return row is not None
+
+    async def add_first(self, user: User) -> bool:
+        """The lock mode conflicts with itself and with the ROW EXCLUSIVE lock every INSERT
+        takes, but not with readers: while the check and the insert run, no other insert into
+        ``users`` can start or be in flight, so "no user yet" still holds when the row lands
+        (a plain ``INSERT ... WHERE NOT EXISTS`` would let two concurrent ones both see an
+        empty table). The first-run setup happens once, so the brief lock costs nothing."""
+        with database_errors():
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute("LOCK TABLE users IN SHARE ROW EXCLUSIVE MODE")
+                cursor = await conn.execute("SELECT EXISTS (SELECT 1 FROM users)")
+                found = await cursor.fetchone()
+                if found is None or found[0]:
+                    return False
+                await conn.execute(_INSERT_USER, _user_params(user))
+                return True
+
+    async def any_exist(self) -> bool:
+        row = await fetch_one(self._pool, "SELECT EXISTS (SELECT 1 FROM users) AS found")
+        return row is not None and bool(row["found"])
 
     async def get(self, user_id: str) -> User | None:
         row = await fetch_one(self._pool, "SELECT * FROM users WHERE id = %s", (user_id,))

@@ -315,6 +315,14 @@ class RedisFillTaskQueue:
             letters.append((task_from_data(entry["task"]), str(entry["reason"])))
         return letters
 
+    async def pending_count(self) -> int:
+        """SCAN the message hashes (an operator's read, not a hot path): each unsettled
+        message has one, and settling deletes it."""
+        with unavailable_on_failure("count fill tasks"):
+            return sum(
+                [1 async for _ in self._client.scan_iter(match=f"{self._prefix}:msg:*", count=500)]
+            )
+
     async def _receive_now(self) -> tuple[FillDelivery | None, float | None]:
         """One look: the delivery, or None and the seconds until the earliest timer (None
         when no timer is set)."""

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 
 from tradecore.orders import OrderRequest, OrderResult
+from tradecore.ports.messaging import QueueDepth, WorkerLease
 from tradecore_adapters.redis.client import RedisConnections, Wakeups, text
 from tradecore_adapters.redis.codec import (
     decode_request,
@@ -285,6 +286,25 @@ class RedisOrderQueue:
             raws = await self._client.lrange(processing_key(user_id), 0, -1)
         return [decode_request(raw) for raw in raws]
 
+    async def depths(self, limit: int = 1000) -> list[QueueDepth]:
+        """SCAN the request and in-flight lists (an operator's read, not a hot path), then
+        read their lengths in one pipeline; empty lists do not exist in Redis."""
+        users: set[str] = set()
+        with unavailable_on_failure("queue depths"):
+            async for raw in self._client.scan_iter(match="trading:user:*", count=500):
+                key = text(raw)
+                for suffix in (":requests", ":processing"):
+                    if key.endswith(suffix):
+                        users.add(key[len("trading:user:") : -len(suffix)])
+            chosen = sorted(users)[: max(0, limit)]
+            pipe = self._client.pipeline(transaction=False)
+            for user_id in chosen:
+                pipe.llen(requests_key(user_id))
+                pipe.llen(processing_key(user_id))
+            lengths = [int(n) for n in await pipe.execute()] if chosen else []
+        depths = (QueueDepth(u, lengths[2 * i], lengths[2 * i + 1]) for i, u in enumerate(chosen))
+        return [d for d in depths if d.waiting or d.in_flight]
+
     async def _move_oldest(self, user_id: str) -> OrderRequest | None:
         with unavailable_on_failure("take"):
             raw = await self._client.lmove(
@@ -400,6 +420,22 @@ class RedisWorkerDirectory:
     async def release(self, user_id: str, token: int) -> None:
         with unavailable_on_failure("release lease"):
             await self._release(keys=[mark_key(user_id)], args=[token])
+
+    async def leases(self, limit: int = 1000) -> list[WorkerLease]:
+        """SCAN the marks (an operator's read, not a hot path), then read them with MGET; a
+        mark that expired in between is left out, as is a value that is not a lease."""
+        prefix = mark_key("")
+        with unavailable_on_failure("leases"):
+            keys = sorted(
+                {text(raw) async for raw in self._client.scan_iter(match=prefix + "*", count=500)}
+            )[: max(0, limit)]
+            values = await self._client.mget(keys) if keys else []
+        found: list[WorkerLease] = []
+        for key, value in zip(keys, values, strict=True):
+            holder, _, token = text(value).rpartition(":") if value is not None else ("", "", "")
+            if holder and token.isdigit():
+                found.append(WorkerLease(key[len(prefix) :], holder, int(token)))
+        return found
 
     async def retire(self, user_id: str, token: int) -> bool:
         with unavailable_on_failure("retire"):

@@ -68,8 +68,10 @@ class Provisioning:
         *,
         plan: Plan = Plan.FREE,
         terms_version: str | None = None,
+        admin: bool = False,
     ) -> User:
-        """A new user; raises ProvisioningError on a bad e-mail or password or a taken e-mail."""
+        """A new user (an administrator with ``admin``); raises ProvisioningError on a bad
+        e-mail or password or a taken e-mail."""
         normalized = normalize_email(email)
         if normalized is None:
             raise ProvisioningError("invalid e-mail address")
@@ -83,6 +85,7 @@ class Provisioning:
             plan=plan,
             created_at=self._clock.now(),
             accepted_terms_version=terms_version,
+            is_admin=admin,
         )
         if not await self._users.add(user):
             raise ProvisioningError("e-mail address already registered")
