@@ -1,5 +1,6 @@
-"""Fixtures for the browser tests: the real app on the embedded runtime (real clock) served on
-a loopback port, and Debian's Chromium driven by Playwright.
+"""Fixtures for the browser tests: the real app on the embedded runtime served on a loopback
+port, and Debian's Chromium driven by Playwright. The app's clock is the real one until a test
+moves it ahead (``LiveApp.clock``).
 
 Every page fixture fails its test on a console error, an uncaught page error or a
 Content-Security-Policy violation (Chromium reports those on the console as errors too).
@@ -12,6 +13,7 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import argon2
 import attrs
@@ -20,7 +22,7 @@ from aiohttp import web
 from dependency_injector import providers
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
-from browser.support import LiveApp, Shot
+from browser.support import LiveApp, ShiftedClock, Shot
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.http import runner_options
 from tradecore_entrypoints.container import build_container, make_app
@@ -60,21 +62,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "settings(**fields): start the app with Settings(**fields) for this test"
     )
+    config.addinivalue_line(
+        "markers",
+        "refused_request(path, status): the browser logs one answer of this status from this "
+        "path as a console error, which the test expects; it is let through once",
+    )
 
 
 @pytest.fixture
-async def live(request: pytest.FixtureRequest) -> AsyncIterator[LiveApp]:
+def settings(request: pytest.FixtureRequest) -> Settings:
+    """The app's settings: ``Settings(**fields)`` of the test's ``settings`` marker. A module
+    whose settings depend on other fixtures (a local endpoint's port) overrides this."""
+    marker = request.node.get_closest_marker("settings")
+    return Settings(**marker.kwargs) if marker else Settings()
+
+
+@pytest.fixture
+async def live(settings: Settings) -> AsyncIterator[LiveApp]:
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
-    marker = request.node.get_closest_marker("settings")
-    settings = Settings(**marker.kwargs) if marker else Settings()
+    clock = ShiftedClock()
     container = build_container(settings, base_url=base_url)
+    container.core.clock.override(providers.Object(clock))
     container.shared.hasher.override(providers.Object(fast_hasher()))
     runner = web.AppRunner(make_app(container), **runner_options())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        yield LiveApp(base_url, container.services.system())
+        yield LiveApp(base_url, container.services.system(), clock)
     finally:
         await runner.cleanup()
 
@@ -93,13 +108,24 @@ async def browser() -> AsyncIterator[Browser]:
 
 @attrs.define
 class Problems:
-    """What the page reported that a working UI never reports."""
+    """What the page reported that a working UI never reports. ``refusals`` are the
+    ``(path, status)`` answers the test expects (``refused_request``): Chromium logs any
+    4xx answer to a script's request as a console error, and each of these is let through
+    once, nothing else."""
 
     seen: list[str] = attrs.field(factory=list)
+    refusals: list[tuple[str, int]] = attrs.field(factory=list)
 
     def console(self, message: ConsoleMessage) -> None:
-        if message.type == "error":
-            self.seen.append(f"console error: {message.text} ({message.location})")
+        if message.type != "error":
+            return
+        path = urlsplit(str(message.location.get("url", ""))).path
+        for path_and_status in self.refusals:
+            expected_path, status = path_and_status
+            if path == expected_path and message.text.startswith(_REFUSED.format(status)):
+                self.refusals.remove(path_and_status)
+                return
+        self.seen.append(f"console error: {message.text} ({message.location})")
 
     def page_error(self, error: Exception) -> None:
         self.seen.append(f"page error: {error}")
@@ -107,6 +133,8 @@ class Problems:
     def csp(self, violation: Any) -> None:
         self.seen.append(f"CSP violation: {violation}")
 
+
+_REFUSED = "Failed to load resource: the server responded with a status of {} "
 
 # Reports every CSP violation to the test through an exposed binding (runs in the page's
 # isolated init context, which the page's CSP does not govern).
@@ -119,9 +147,14 @@ document.addEventListener("securitypolicyviolation", (e) => {
 
 
 @pytest.fixture
-async def page(live: LiveApp, browser: Browser, tmp_path: Path) -> AsyncIterator[Page]:
+async def page(
+    live: LiveApp, browser: Browser, request: pytest.FixtureRequest
+) -> AsyncIterator[Page]:
     context = await browser.new_context(base_url=live.base_url)
-    problems = Problems()
+    refusals = [
+        (marker.args[0], marker.args[1]) for marker in request.node.iter_markers("refused_request")
+    ]
+    problems = Problems(refusals=refusals)
     await context.expose_function("__tradecoreCsp", lambda text: problems.csp(text))
     await context.add_init_script(_CSP_LISTENER)
     opened = await context.new_page()

@@ -18,8 +18,8 @@ async def test_login_rejects_a_wrong_password_then_logs_in_and_out(
 ) -> None:
     await live.user()
     await page.goto("/ui/accounts")
-    await expect(page).to_have_url(re.compile(r"/ui/login$"))
-    await page.get_by_label("E-mail").fill("ada@example.com")
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next=(/|%2F)ui(/|%2F)accounts$"))
+    await page.get_by_label("Email", exact=True).fill("ada@example.com")
     await page.get_by_label("Password").fill("not the password at all")
     await page.get_by_role("button", name="Log in").click()
     await expect(page.get_by_role("alert")).to_be_visible()
@@ -29,7 +29,7 @@ async def test_login_rejects_a_wrong_password_then_logs_in_and_out(
     await page.get_by_role("button", name="Log out").click()
     await expect(page).to_have_url(re.compile(r"/ui/login$"))
     await page.goto("/ui/orders")
-    await expect(page).to_have_url(re.compile(r"/ui/login$"))
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next=(/|%2F)ui(/|%2F)orders$"))
 
 
 async def test_a_webhook_sent_from_outside_appears_in_the_history_without_a_reload(
@@ -80,13 +80,13 @@ async def test_a_manual_order_fills_and_reports_in_words(
     await expect(page.locator("#symbol-list option[value='BTCUSDT']")).to_have_count(1)
     await page.get_by_label("Symbol").fill("BTCUSDT")
     await page.get_by_label("Quantity").fill("2")
-    await page.get_by_role("button", name="Send order").click()
+    await page.get_by_role("button", name="Place order").click()
     status = page.locator("#order-result .order-status")
     await expect(status).to_have_attribute("data-status", "filled")
     await expect(status).to_contain_text("Filled: 2 at")
     await shot(page, "order")
     await page.get_by_label("Quantity").fill("-1")
-    await page.get_by_role("button", name="Send order").click()
+    await page.get_by_role("button", name="Place order").click()
     await expect(page.locator("#order-result")).to_contain_text("Order refused: Invalid order")
 
 

@@ -87,7 +87,7 @@ async def test_a_slow_broker_answers_202_then_the_page_shows_the_fill(
     async with page.expect_response(
         lambda r: r.url.endswith("/ui/order") and r.request.method == "POST"
     ) as answered:
-        await page.get_by_role("button", name="Send order").click()
+        await page.get_by_role("button", name="Place order").click()
     first = await (await answered.value).text()
     assert 'data-status="filled"' not in first
     assert "Accepted (202)" in first

@@ -14,15 +14,17 @@ from http_support import Env, container_for, login, running
 from tradecore.audit import AuditAction
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.http import runner_options
-from tradecore_adapters.http.config import SECURITY_HEADERS
+from tradecore_adapters.http.config import SECURITY_HEADERS, HttpConfig
 from tradecore_entrypoints.container import make_app
 from tradecore_entrypoints.settings import Settings
 
 DASHBOARD = "https://app.example.com"
 
 
-def assert_security_headers(response) -> None:
-    for name, value in SECURITY_HEADERS.items():
+def assert_security_headers(response, config: HttpConfig | None = None) -> None:
+    """The headers of a service with ``config`` (default: the tests' one, challenge off)."""
+    expected = (config or HttpConfig()).security_headers
+    for name, value in expected.items():
         assert response.headers[name] == value, name
     assert response.headers["Server"] == "tradecore"
     assert "aiohttp" not in response.headers["Server"]

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp_jinja2
 import attrs
@@ -25,6 +26,7 @@ from aiohttp import web
 from tradecore.orders import OrderError, OrderStatus
 from tradecore.services.vocabulary import Principal
 from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
+from tradecore_adapters.http.config import CHALLENGE_SCRIPT_URL
 from tradecore_adapters.http.principal import authenticate
 from tradecore_adapters.http.problems import Problem
 from tradecore_adapters.http.state import CONFIG
@@ -37,6 +39,11 @@ RESET_PATH = "/reset-password"
 """The mailed reset link is ``{PUBLIC_BASE_URL}/reset-password#token=...``
 (``tradecore.services.identity.password_reset``)."""
 HTMX_VERSION = "2.0.11"
+NEXT_FIELD = "next"
+"""The login page's query parameter and form field: the page to return to."""
+SESSION_HEADER = "Tradecore-Session"
+"""Set to ``expired`` on an htmx answer whose request had no valid session (``to_login``)."""
+_MAX_NEXT_CHARS = 2048
 
 ASSETS: Mapping[str, tuple[str, str]] = {
     # name in the URL -> (file under static/, content type)
@@ -153,6 +160,7 @@ def setup_templates(app: web.Application) -> None:
     env.filters["status_words"] = status_words
     env.filters["error_words"] = error_words
     env.globals["htmx_version"] = HTMX_VERSION
+    env.globals["challenge_script_url"] = CHALLENGE_SCRIPT_URL
 
 
 def when(value: datetime | None) -> str:
@@ -188,12 +196,39 @@ def is_htmx(request: web.Request) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
+def login_url(back_to: str | None = None) -> str:
+    """The login page, which returns to ``back_to`` (a dashboard path) after logging in."""
+    if back_to is None or safe_next(back_to) is None:
+        return LOGIN_PATH
+    return f"{LOGIN_PATH}?{urlencode({NEXT_FIELD: back_to})}"
+
+
+def safe_next(value: str | None) -> str | None:
+    """``value`` when it is a path of a dashboard page to return to after logging in, else
+    None: only this site's ``/ui/`` pages (never another host, never the login page), so the
+    login page cannot be made to send a user elsewhere."""
+    if not value or len(value) > _MAX_NEXT_CHARS or not value.isprintable() or "\\" in value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/ui/"):
+        return None
+    if parts.path == LOGIN_PATH or parts.fragment:
+        return None
+    return value
+
+
 def to_login(request: web.Request) -> web.HTTPException:
-    """Where an unauthenticated page request goes: the login page (htmx: a client redirect,
-    since a fragment cannot carry a page)."""
+    """The answer to a page request without a valid session.
+
+    A page (a navigation) goes to the login page, which brings the user back to it. An htmx
+    request answers 200 (a 4xx would show as an error in the browser's console) with
+    ``SESSION_HEADER: expired`` and nothing to swap: ``app.js`` then renews the session
+    (``POST /auth/silent-refresh``; the refresh cookie reaches ``/auth`` only) and sends the
+    request again once, or opens the login page for the page the user is on."""
     if is_htmx(request):
-        return web.HTTPOk(headers={"HX-Redirect": LOGIN_PATH})
-    return web.HTTPSeeOther(LOGIN_PATH)
+        return web.HTTPOk(headers={SESSION_HEADER: "expired", "HX-Reswap": "none"})
+    back_to = request.path_qs if request.method == "GET" else None
+    return web.HTTPSeeOther(login_url(back_to))
 
 
 async def page_principal(request: web.Request) -> Principal:
@@ -217,18 +252,22 @@ def render(
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     """``template`` rendered with ``context`` plus what the layout needs (the user, the CSRF
-    token, whether the current terms are accepted)."""
+    token, whether the current terms are accepted) and what the login and registration forms
+    need (whether the bot challenge is on, the widget's site key)."""
+    config = request.app[CONFIG]
     full: dict[str, Any] = dict(context)
     full.setdefault("user", None if principal is None else principal.user)
     full.setdefault("path", request.path)
     session = None if principal is None else principal.session
     full.setdefault("csrf_token", "" if session is None else session.csrf_token)
-    terms = request.app[CONFIG].terms_version
+    terms = config.terms_version
     full.setdefault(
         "terms_pending",
         principal is not None and principal.user.accepted_terms_version != terms,
     )
     full.setdefault("terms_version", terms)
+    full.setdefault("challenge_enabled", config.challenge_enabled)
+    full.setdefault("challenge_site_key", config.challenge_site_key)
     response = aiohttp_jinja2.render_template(template, request, full)
     if headers:
         response.headers.update(headers)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from tradecore.audit import AuditAction
 from tradecore.orders import OrderHistoryRecord, OrderStatus, Source
-from tradecore.services.audit.attack_report import SecurityReport
+from tradecore.services.audit.attack_report import SecurityReport, SecurityReportPage
 from tradecore.services.identity.login import LoginResult
 from tradecore.services.orders.dashboard_order import DashboardOrder
 from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
@@ -39,6 +39,8 @@ _HISTORY_FILTERS = ("trading_account_id", "symbol", "status", "source")
 _ONE_TICK = timedelta(microseconds=1)
 _CHART_DAYS = 30
 _CHART_SCAN = 1000
+SECURITY_PAGE = 20
+"""Recent security events on one page of Settings > Security."""
 
 routes = web.RouteTableDef()
 
@@ -74,21 +76,34 @@ def _challenge_token(form: Mapping[str, str]) -> str | None:
 
 
 def _login_page(
-    request: web.Request, *, email: str = "", error: str | None = None, message: str | None = None
+    request: web.Request,
+    *,
+    email: str = "",
+    error: str | None = None,
+    message: str | None = None,
+    back_to: str | None = None,
 ) -> web.Response:
-    return ui.render(request, "login.html", {"error": error, "email": email, "message": message})
+    """The login form; ``back_to`` (a dashboard page, ``ui.safe_next``) is where a successful
+    login goes."""
+    context = {"error": error, "email": email, "message": message, "next": back_to}
+    return ui.render(request, "login.html", context)
 
 
 @routes.get("/ui/login", name="ui.login")
 async def login_page(request: web.Request) -> web.Response:
-    return _login_page(request)
+    back_to = ui.safe_next(request.query.get(ui.NEXT_FIELD))
+    message = None if back_to is None else "Your session has ended: log in to go on."
+    return _login_page(request, back_to=back_to, message=message)
 
 
-def _signed_in(request: web.Request, outcome: LoginResult) -> web.HTTPException:
-    """Where a fresh session goes (the terms page while the current terms are not accepted,
-    else the trading accounts), with its cookies."""
+def _signed_in(
+    request: web.Request, outcome: LoginResult, back_to: str | None
+) -> web.HTTPException:
+    """Where a fresh session goes, with its cookies: the terms page while the current terms
+    are not accepted, else ``back_to`` (the page whose session had ended) or the trading
+    accounts."""
     pending = outcome.user.accepted_terms_version != request.app[CONFIG].terms_version
-    response = web.HTTPSeeOther(ui.TERMS_PATH if pending else ui.HOME_PATH)
+    response = web.HTTPSeeOther(ui.TERMS_PATH if pending else back_to or ui.HOME_PATH)
     set_session_cookies(request, response, outcome.tokens)
     return response
 
@@ -103,9 +118,12 @@ async def login_post(request: web.Request) -> web.Response:
         _challenge_token(form),
         request_context(request),
     )
+    back_to = ui.safe_next(form.get(ui.NEXT_FIELD))
     if isinstance(outcome, Rejected):
-        return _login_page(request, email=form.get("email", ""), error=_refused(outcome))
-    raise _signed_in(request, outcome)
+        return _login_page(
+            request, email=form.get("email", ""), error=_refused(outcome), back_to=back_to
+        )
+    raise _signed_in(request, outcome, back_to)
 
 
 @routes.get("/ui/register", name="ui.register")
@@ -692,16 +710,43 @@ async def api_keys_revoke(request: web.Request) -> web.Response:
     return await _keys_panel(request, principal, message="API key revoked.")
 
 
+def _security_pages(report: SecurityReportPage) -> dict[str, Any]:
+    """The pager of the recent events: the page count and the query of the newer and the
+    older page (None at either end), each keeping the report's window in days."""
+    pages = max(1, -(-report.total // report.page_size))
+
+    def query(page: int) -> dict[str, int] | None:
+        return {"page": page, "days": report.days} if 1 <= page <= pages else None
+
+    newer = query(min(report.page - 1, pages))  # past the end: the last page
+    return {"pages": pages, "newer": newer, "older": query(report.page + 1)}
+
+
 @routes.get("/ui/settings/security", name="ui.security")
 async def security_page(request: web.Request) -> web.Response:
+    """The attacks against the user: counts by type, the accounts concerned and the recent
+    events, ``SECURITY_PAGE`` a page (``?page=``, ``?days=`` as the JSON report's). A bad
+    page or window is refused in words (400)."""
     principal = await ui.page_principal(request)
     services = request.app[SERVICES]
     report = await SecurityReport(services.audit, services.accounts, services.clock).page(
-        principal, request.query.get("page"), None, request.query.get("days")
+        principal, request.query.get("page"), SECURITY_PAGE, request.query.get("days")
     )
     if isinstance(report, Rejected):
-        raise Problem(report)
-    return ui.render(request, "security.html", {"report": report}, principal=principal)
+        if report.status != 400:
+            raise Problem(report)
+        context: dict[str, Any] = {"report": None, "error": report.detail}
+        response = ui.render(request, "security.html", context, principal=principal)
+        response.set_status(400)
+        return response
+    accounts = await services.trading_accounts.list_accounts(principal)
+    context = {
+        "report": report,
+        "error": None,
+        "account_names": {} if isinstance(accounts, Rejected) else {a.id: a.name for a in accounts},
+        **_security_pages(report),
+    }
+    return ui.render(request, "security.html", context, principal=principal)
 
 
 # --- assets ---------------------------------------------------------------------------------
