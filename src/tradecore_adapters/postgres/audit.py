@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-import attrs
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -21,6 +19,7 @@ from tradecore.audit import (
 )
 from tradecore.audit_chain import SealedEntry, normalized, seal
 from tradecore.errors import DatabaseUnavailable
+from tradecore_adapters.postgres.group_commit import GroupCommit
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc
 
@@ -103,17 +102,6 @@ _APPEND_ONE = (
 )
 
 
-@attrs.define
-class _Pending:
-    entry: AuditEntry
-    appended: asyncio.Future[int]
-
-
-def _fail(pending: _Pending, error: Exception) -> None:
-    if not pending.appended.done():
-        pending.appended.set_exception(error)
-
-
 def stored_entry_from_row(row: Row) -> StoredAuditEntry:
     return StoredAuditEntry(
         id=row["id"],
@@ -143,54 +131,18 @@ class PostgresAuditLog:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._head: str | None = None  # the newest seal this process saw (a cache)
-        self._pending: list[_Pending] = []
-        self._writer: asyncio.Task[None] | None = None
+        # One batch at a time: the batches of one process never contend for the chain head.
+        self._appends: GroupCommit[AuditEntry, int] = GroupCommit(
+            self._append_batch, max_batch=_BATCH, max_in_flight=1, linger_s=0.0, name="audit"
+        )
 
     async def append(self, entry: AuditEntry) -> int:
-        """Appends of this process are written in batches (group commit): the entries that
-        arrive while one batch is being written go together in the next statement, so a
-        process never contends with itself for the chain head. The id returns once the
-        entry is committed; a cancelled caller's entry is still written."""
-        pending = _Pending(normalized(entry), asyncio.get_running_loop().create_future())
-        self._pending.append(pending)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending(), name="audit-append")
-        return await pending.appended
-
-    async def _write_pending(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
-                await self._settle(batch)
-        except BaseException:  # cancelled (shutdown): nobody is left to write the rest
-            for p in self._pending:
-                p.appended.cancel()
-            self._pending = []
-            raise
-
-    async def _settle(self, batch: list[_Pending]) -> None:
-        """Write ``batch`` and resolve each caller's future. An entry the database refuses
-        (not an outage) fails only its own append: the batch is then written one by one."""
-        try:
-            ids = await self._append_batch([p.entry for p in batch])
-        except DatabaseUnavailable as e:
-            for p in batch:
-                _fail(p, e)
-            return
-        except Exception as e:
-            if len(batch) == 1:
-                _fail(batch[0], e)
-                return
-            for p in batch:
-                await self._settle([p])
-            return
-        except BaseException:
-            for p in batch:
-                p.appended.cancel()
-            raise
-        for p, entry_id in zip(batch, ids, strict=True):
-            if not p.appended.done():
-                p.appended.set_result(entry_id)
+        """Appends of this process are written in batches (group commit, ``GroupCommit``):
+        the entries that arrive while one batch is being written go together in the next
+        statement. The id returns once the entry is committed; a cancelled caller's entry is
+        still written. An entry the database refuses (not an outage) fails only its own
+        append; an outage fails every append of the batch."""
+        return await self._appends.submit(normalized(entry))
 
     async def _append_batch(self, entries: list[AuditEntry]) -> list[int]:
         """Seal ``entries`` onto the chain and insert them in one statement; their ids."""

@@ -14,8 +14,9 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from tradecore_adapters.postgres.group_commit import Statement, shared_batcher
 from tradecore_adapters.postgres.pool import Pool
-from tradecore_adapters.postgres.rows import execute, fetch_one
+from tradecore_adapters.postgres.rows import fetch_one
 
 
 @functools.lru_cache(maxsize=16)
@@ -45,21 +46,20 @@ class PostgresDocumentStore:
 
     async def save(self, name: str, document: dict[str, Any]) -> None:
         """Store ``document`` under ``name``, replacing any earlier one, durably."""
-        await execute(
-            self._pool,
-            "INSERT INTO documents (name, body, updated_at) VALUES (%s, %s, now())"
-            " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()",
-            (name, Jsonb(document)),
-        )
+        await self.save_many({name: document})
 
     async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
         """Store every document under its name in one statement (all or none), durably."""
         if not documents:
             return
+        # Written by group commit with other adapters' writes (``group_commit``); rows are
+        # locked in name order, so the lock key is the first name.
+        names = sorted(documents)
         params: list[Any] = []
-        for name, document in documents.items():
-            params += [name, Jsonb(document)]
-        await execute(self._pool, _upsert_rows(len(documents)), params)
+        for name in names:
+            params += [name, Jsonb(documents[name])]
+        statement = Statement(_upsert_rows(len(names)), params, ("documents", names[0]))
+        await shared_batcher(self._pool).run(statement)
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
         """Store ``document`` under ``name`` unless one is there; the stored document. Of

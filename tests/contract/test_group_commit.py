@@ -1,0 +1,273 @@
+"""Group commit (``tradecore_adapters.postgres.group_commit``) and the order history on it.
+
+The mechanism alone (``GroupCommit`` with a recording writer): an idle batcher writes at once,
+a busy one gathers what arrives, results and failures are per item, a cancelled caller's item
+is still written. On Postgres (``PostgresOrderHistory``): concurrent adds and transitions share
+one commit, a duplicate fingerprint refuses only its own order, an outage inside a batch fails
+every caller of that batch and leaves none of its rows behind.
+
+"One commit" is read from the rows themselves: every row version carries the id of the
+transaction that wrote it (``xmin``), so rows of one batch share exactly one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from test_repositories import order, postgres_stores, two_users_with_accounts
+
+from tradecore.errors import DatabaseUnavailable, DuplicateOrder
+from tradecore.order_lifecycle import Submitted
+from tradecore.orders import OrderStatus
+from tradecore_adapters.postgres import Pool
+from tradecore_adapters.postgres.group_commit import GroupCommit, Statement, shared_batcher
+from tradecore_adapters.postgres.rows import fetch_all
+
+# A bound on a hang, not a measurement: every wait below ends long before it when correct.
+HANG_GUARD_S = 60.0
+
+
+class Writer:
+    """A ``write`` that records its batches; ``gate`` (when given) holds each write until set;
+    ``fail`` maps an item to the exception its batch raises."""
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = gate
+        self.fail: dict[int, Exception] = {}
+        self._started = asyncio.Condition()
+
+    async def started(self, count: int) -> None:
+        """Wait until ``count`` batches have been handed to the writer."""
+        async with self._started:
+            await self._started.wait_for(lambda: len(self.batches) >= count)
+
+    async def __call__(self, items: list[int]) -> Sequence[str]:
+        self.batches.append(list(items))
+        async with self._started:
+            self._started.notify_all()
+        if self.gate is not None:
+            await self.gate.wait()
+        for item in items:
+            if item in self.fail:
+                raise self.fail[item]
+        return [f"done-{i}" for i in items]
+
+
+async def test_an_idle_batcher_writes_a_lone_item_at_once() -> None:
+    writer = Writer()
+    # An hour's linger: were a lone item made to wait for company, this test would hang.
+    group: GroupCommit[int, str] = GroupCommit(writer, linger_s=3600.0)
+    async with asyncio.timeout(HANG_GUARD_S):
+        assert await group.submit(1) == "done-1"
+    assert writer.batches == [[1]]
+
+
+async def test_items_arriving_while_a_batch_is_written_go_together_in_the_next() -> None:
+    gate = asyncio.Event()
+    writer = Writer(gate)
+    group: GroupCommit[int, str] = GroupCommit(writer, max_in_flight=1, linger_s=0.0)
+    async with asyncio.timeout(HANG_GUARD_S):
+        first = asyncio.ensure_future(group.submit(0))
+        await writer.started(1)  # the first batch is being written (held by the gate)
+        rest = [asyncio.ensure_future(group.submit(i)) for i in range(1, 6)]
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(first, *rest)
+    assert writer.batches == [[0], [1, 2, 3, 4, 5]]
+    assert results == [f"done-{i}" for i in range(6)]
+
+
+async def test_a_busy_batcher_lingers_until_the_batch_fills() -> None:
+    gate = asyncio.Event()
+    writer = Writer(gate)
+    group: GroupCommit[int, str] = GroupCommit(
+        writer, max_batch=3, max_in_flight=2, linger_s=3600.0
+    )
+    async with asyncio.timeout(HANG_GUARD_S):
+        first = asyncio.ensure_future(group.submit(0))
+        await writer.started(1)
+        # A slot is free, but a batch is in flight: the next one waits to fill (3 items),
+        # not an hour.
+        rest = [asyncio.ensure_future(group.submit(i)) for i in (1, 2, 3)]
+        await writer.started(2)
+        gate.set()
+        await asyncio.gather(first, *rest)
+    assert writer.batches == [[0], [1, 2, 3]]
+
+
+async def test_an_outage_fails_every_item_of_the_batch() -> None:
+    writer = Writer()
+    writer.fail[2] = DatabaseUnavailable("database unavailable: OperationalError")
+    group: GroupCommit[int, str] = GroupCommit(writer)
+    results = await asyncio.gather(*(group.submit(i) for i in (1, 2, 3)), return_exceptions=True)
+    assert all(isinstance(r, DatabaseUnavailable) for r in results)
+    assert writer.batches == [[1, 2, 3]]  # not retried item by item
+
+
+async def test_another_error_fails_only_its_own_item() -> None:
+    writer = Writer()
+    writer.fail[2] = ValueError("refused")
+    group: GroupCommit[int, str] = GroupCommit(writer)
+    results = await asyncio.gather(*(group.submit(i) for i in (1, 2, 3)), return_exceptions=True)
+    assert results[0] == "done-1"
+    assert isinstance(results[1], ValueError)
+    assert results[2] == "done-3"
+    assert writer.batches == [[1, 2, 3], [1], [2], [3]]
+
+
+async def test_a_cancelled_caller_does_not_withdraw_its_item() -> None:
+    gate = asyncio.Event()
+    writer = Writer(gate)
+    group: GroupCommit[int, str] = GroupCommit(writer, max_in_flight=1)
+    async with asyncio.timeout(HANG_GUARD_S):
+        first = asyncio.ensure_future(group.submit(0))
+        await writer.started(1)
+        cancelled = asyncio.ensure_future(group.submit(1))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        gate.set()
+        await first
+        await writer.started(2)
+    assert writer.batches == [[0], [1]]
+
+
+def test_nonsense_settings_are_refused() -> None:
+    writer = Writer()
+    with pytest.raises(ValueError, match="max_batch"):
+        GroupCommit(writer, max_batch=0)
+    with pytest.raises(ValueError, match="max_batch"):
+        GroupCommit(writer, linger_s=-1.0)
+
+
+# --- on Postgres ---------------------------------------------------------------------------
+
+
+async def _transactions_of(pool: Pool, order_ids: Sequence[str]) -> set[str]:
+    """The ids of the transactions that wrote the current versions of these rows."""
+    rows = await fetch_all(
+        pool,
+        "SELECT xmin::text AS xid FROM order_history WHERE id = ANY(%s)",
+        (list(order_ids),),
+    )
+    return {str(r["xid"]) for r in rows}
+
+
+async def _stored_ids(pool: Pool) -> set[str]:
+    return {str(r["id"]) for r in await fetch_all(pool, "SELECT id FROM order_history")}
+
+
+@pytest.mark.postgres
+async def test_concurrent_adds_commit_once_and_a_duplicate_refuses_only_itself(
+    pg_pool: Pool,
+) -> None:
+    stores = postgres_stores(pg_pool)
+    await two_users_with_accounts(stores)
+    await stores.orders.add(order("stored", fingerprint="fp-stored"))
+    records = [
+        order(f"o-{n}", user_id=f"user-{1 + n % 2}", fingerprint=f"fp-{n}") for n in range(10)
+    ]
+    records.append(order("replay-of-stored", fingerprint="fp-stored"))
+    # Two adds of one fingerprint in the same batch: the first in the batch wins.
+    records.append(order("replay-in-batch", user_id="user-1", fingerprint="fp-0"))
+
+    results = await asyncio.gather(*(stores.orders.add(r) for r in records), return_exceptions=True)
+
+    refused = {r.id for r, res in zip(records, results, strict=True) if res is not None}
+    assert refused == {"replay-of-stored", "replay-in-batch"}
+    assert all(isinstance(res, DuplicateOrder) for res in results if res is not None)
+    added = [f"o-{n}" for n in range(10)]
+    assert await _stored_ids(pg_pool) == {"stored", *added}
+    assert len(await _transactions_of(pg_pool, added)) == 1  # ten orders, one commit
+
+
+@pytest.mark.postgres
+async def test_concurrent_transitions_commit_once_and_a_lost_race_loses_alone(
+    pg_pool: Pool,
+) -> None:
+    stores = postgres_stores(pg_pool)
+    await two_users_with_accounts(stores)
+    ids = [f"o-{n}" for n in range(8)]
+    for order_id in ids:
+        await stores.orders.add(order(order_id))
+    await stores.orders.add(order("settled", status=OrderStatus.FILLED))
+    claim = Submitted(order("x").created_at, None)
+
+    results = await asyncio.gather(*(stores.orders.transition(i, claim) for i in [*ids, "settled"]))
+
+    assert [r is not None and r.status is OrderStatus.SUBMITTED for r in results[:-1]] == [
+        True
+    ] * len(ids)
+    assert results[-1] is None  # not queued: the compare-and-set found nothing to change
+    assert len(await _transactions_of(pg_pool, ids)) == 1
+
+
+@pytest.mark.postgres
+async def test_an_outage_inside_a_batch_fails_every_caller_and_writes_nothing(
+    pg_pool: Pool,
+) -> None:
+    stores = postgres_stores(pg_pool)
+    await two_users_with_accounts(stores)
+    records = [order(f"o-{n}", fingerprint=f"fp-{n}") for n in range(5)]
+    # Ordered after the inserts (its lock key sorts last): the connection dies after they ran
+    # inside the batch's transaction, before its commit.
+    cut = Statement("SELECT pg_terminate_backend(pg_backend_pid())", None, ("~cut",))
+
+    results = await asyncio.gather(
+        *(stores.orders.add(r) for r in records),
+        shared_batcher(pg_pool).run(cut),
+        return_exceptions=True,
+    )
+
+    assert all(isinstance(r, DatabaseUnavailable) for r in results)
+    assert await _stored_ids(pg_pool) == set()
+    # The pool replaced the lost connection: the same orders go through afterwards.
+    await asyncio.gather(*(stores.orders.add(r) for r in records))
+    assert await _stored_ids(pg_pool) == {r.id for r in records}
+
+
+@pytest.mark.postgres
+async def test_a_statement_the_database_refuses_fails_only_its_own_order(pg_pool: Pool) -> None:
+    stores = postgres_stores(pg_pool)
+    await two_users_with_accounts(stores)
+    records = [order(f"o-{n}", fingerprint=f"fp-{n}") for n in range(4)]
+    orphan = order("orphan", user_id="nobody")  # no such user: a foreign-key violation
+
+    results = await asyncio.gather(
+        *(stores.orders.add(r) for r in [*records, orphan]), return_exceptions=True
+    )
+
+    assert results[:-1] == [None] * len(records)
+    assert isinstance(results[-1], Exception)
+    assert not isinstance(results[-1], DatabaseUnavailable | DuplicateOrder)
+    assert await _stored_ids(pg_pool) == {r.id for r in records}
+
+
+@pytest.mark.postgres
+async def test_a_batch_the_server_aborts_is_written_again_statement_by_statement(
+    pg_pool: Pool,
+) -> None:
+    """A transaction the server aborts (here a serialization failure raised on purpose, as a
+    deadlock would) fails only the statement that cannot run alone; the others commit."""
+    stores = postgres_stores(pg_pool)
+    await two_users_with_accounts(stores)
+    records = [order(f"o-{n}", fingerprint=f"fp-{n}") for n in range(3)]
+    abort = Statement(
+        "DO $$ BEGIN RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001'; END $$",
+        None,
+        ("~abort",),
+    )
+
+    results = await asyncio.gather(
+        *(stores.orders.add(r) for r in records),
+        shared_batcher(pg_pool).run(abort),
+        return_exceptions=True,
+    )
+
+    assert results[:-1] == [None] * len(records)
+    assert isinstance(results[-1], DatabaseUnavailable)
+    stored = [r.id for r in records]
+    assert await _stored_ids(pg_pool) == set(stored)
+    assert len(await _transactions_of(pg_pool, stored)) == len(stored)  # one by one
