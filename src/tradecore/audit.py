@@ -45,6 +45,8 @@ class AuditAction(enum.StrEnum):
     WEBHOOK_SECRET_REGENERATED = "webhook_secret_regenerated"
     WEBHOOK_TOKEN_ROTATED = "webhook_token_rotated"
     TERMS_ACCEPTED = "terms_accepted"
+    SETUP_ADMIN_CREATED = "setup_admin_created"
+    ORDER_EXPIRED = "order_expired"  # a queued order found past its expires_at by the worker
 
 
 @attrs.frozen
@@ -55,6 +57,15 @@ class RequestContext:
     user_agent: str
     request_path: str
     request_method: str
+
+
+WORKER_CONTEXT = RequestContext(
+    ip_address="127.0.0.1",
+    user_agent="tradecore-worker",
+    request_path="worker",
+    request_method="WORKER",
+)
+"""The context of entries a worker host writes on its own (no HTTP request behind them)."""
 
 
 @attrs.frozen

@@ -8,6 +8,8 @@ class.
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from dependency_injector import containers, providers
 
 from tradecore.services.accounts.account_credentials import AccountCredentials
@@ -16,13 +18,16 @@ from tradecore.services.accounts.trading_accounts import TradingAccounts
 from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.credentials.broker_accounts import StoredBrokerAccounts
 from tradecore.services.credentials.credential_vault import CredentialVault
+from tradecore.services.execution.deployment_status import DeploymentStatus
 from tradecore.services.execution.fill_verifier import FillVerifier
+from tradecore.services.execution.queued_recovery import QueuedRecovery
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import WorkerHost
 from tradecore.services.identity.allowed_ips import AllowedIps
 from tradecore.services.identity.api_keys import ApiKeys
 from tradecore.services.identity.audit import IdentityAudit
 from tradecore.services.identity.bot_challenge import BotChallenge
+from tradecore.services.identity.first_run_setup import FirstRunSetup
 from tradecore.services.identity.login import PasswordLogin
 from tradecore.services.identity.password_reset import PasswordReset
 from tradecore.services.identity.registration import Registration
@@ -38,6 +43,15 @@ from tradecore_adapters.brokers.account import VenueAccountBroker
 from tradecore_adapters.http import Services as HttpServices
 from tradecore_entrypoints.settings import Settings
 from tradecore_entrypoints.system import System
+
+
+def installed_version() -> str:
+    """The installed tradecore distribution's version (``unknown`` when run from a source
+    tree that was never installed)."""
+    try:
+        return metadata.version("tradecore")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class UseCases(containers.DeclarativeContainer):
@@ -135,6 +149,26 @@ class UseCases(containers.DeclarativeContainer):
         AllowedIps, adapters.allowed_ips, identity_audit, core.clock, core.random
     )
 
+    # --- the operator: first-run setup and the deployment status -------------------------
+    setup = providers.Singleton(
+        FirstRunSetup,
+        adapters.users,
+        shared.hasher,
+        identity_audit,
+        core.clock,
+        core.random,
+        terms_version=core.settings.provided.terms_version,
+    )
+    deployment = providers.Singleton(
+        DeploymentStatus,
+        adapters.schema,
+        adapters.directory,
+        adapters.queue,
+        adapters.fill_tasks,
+        core.clock,
+        version=providers.Callable(installed_version),
+    )
+
     # --- trading accounts: the account, its webhook secret and token, its credentials -----
     provisioning = providers.Singleton(
         Provisioning, adapters.users, adapters.accounts, shared.hasher, core.clock, core.random
@@ -207,6 +241,16 @@ class UseCases(containers.DeclarativeContainer):
         clock=core.clock,
         sleeper=core.sleeper,
         accounts=broker_accounts,
+        audit=adapters.audit,
+    )
+    queued_recovery = providers.Singleton(
+        QueuedRecovery,
+        adapters.orders,
+        adapters.accounts,
+        adapters.queue,
+        core.clock,
+        grace_s=core.host_settings.provided.recovery_grace_s,
+        max_queue_age_s=core.order_settings.provided.max_queue_age_s,
     )
     host = providers.Singleton(
         WorkerHost,
@@ -217,6 +261,7 @@ class UseCases(containers.DeclarativeContainer):
         core.sleeper,
         core.host_settings,
         holder=adapters.worker_holder,
+        recovery=queued_recovery,
     )
     verifier = providers.Singleton(
         FillVerifier,
@@ -286,4 +331,6 @@ class UseCases(containers.DeclarativeContainer):
         account_credentials=account_credentials,
         transport_key=shared.transport_key,
         history_reads=providers.Singleton(HistoryReads, adapters.limiter),
+        setup=setup,
+        deployment=deployment,
     )

@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 from support import NO_ACCOUNTS, Trader, make_trader
 
+from tradecore.audit import AuditAction
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
 from tradecore.ports.broker import Broker, BrokerAccount
 from tradecore.services.execution.worker import UserWorker
@@ -162,6 +163,13 @@ async def test_order_that_waited_past_its_age_expires_instead_of_executing_late(
     assert result is not None and result.status is OrderStatus.EXPIRED
     assert result.error is not None and result.error.code is RejectionCode.ORDER_EXPIRED
     assert embedded.exchange.orders(trader.account.account.id) == []
+    # the owner finds it in the audit log too, once, naming the order and how long it waited
+    expired = [s.entry for s in embedded.audit.all() if s.entry.action is AuditAction.ORDER_EXPIRED]
+    assert [(e.user_id, e.resource_id, e.success) for e in expired] == [
+        (trader.user.id, queued.order_id, False)
+    ]
+    assert expired[0].metadata["trading_account_id"] == trader.account.account.id
+    assert expired[0].metadata["queued_s"] >= 61
 
 
 async def test_broker_disconnect_is_survived_by_reconnecting(trader: Trader) -> None:

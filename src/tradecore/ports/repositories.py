@@ -49,6 +49,17 @@ class UserRepository(Protocol):
         """Store a new user; False (nothing stored) when the e-mail is taken (case-insensitive)."""
         ...
 
+    async def add_first(self, user: User) -> bool:
+        """Store ``user`` only while no user at all is stored, the check and the insert in
+        one atomic step: of concurrent ``add_first`` calls at most one stores, and an ``add``
+        racing with it lands either before (this call stores nothing) or after it. True when
+        stored; False (nothing stored) when any user exists."""
+        ...
+
+    async def any_exist(self) -> bool:
+        """True once at least one user is stored (disabled ones included)."""
+        ...
+
     async def get(self, user_id: str) -> User | None: ...
 
     async def by_email(self, email: str) -> User | None:
@@ -208,6 +219,12 @@ class OrderHistory(Protocol):
 
     async def count_since(self, user_id: str, since: datetime) -> int:
         """Orders (real and simulated) the user created at or after ``since``: the daily cap."""
+        ...
+
+    async def stale_queued(self, before: datetime, limit: int) -> list[OrderHistoryRecord]:
+        """(Worker hosts' recovery) rows still ``queued`` that were created before ``before``,
+        oldest first (by created_at, then id); at most ``limit``. Reads an index of the
+        queued rows only, so it stays cheap however long the history grows."""
         ...
 
 

@@ -21,7 +21,7 @@ from tradecore.audit_chain import GENESIS, SealedEntry, normalized, seal
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.order_lifecycle import OrderChange
-from tradecore.orders import OrderHistoryRecord
+from tradecore.orders import OrderHistoryRecord, OrderStatus
 from tradecore.ports.repositories import WebhookOwner, save_fields
 from tradecore.sessions import RefreshRotation
 
@@ -55,6 +55,15 @@ class MemoryUserRepository:
         self._by_id[user.id] = user
         self._id_by_email[key] = user.id
         return True
+
+    async def add_first(self, user: User) -> bool:
+        # no await between the check and the insert: atomic on the one event loop
+        if self._by_id:
+            return False
+        return await self.add(user)
+
+    async def any_exist(self) -> bool:
+        return bool(self._by_id)
 
     async def get(self, user_id: str) -> User | None:
         return self._by_id.get(user_id)
@@ -287,6 +296,15 @@ class MemoryOrderHistory:
     async def count_since(self, user_id: str, since: datetime) -> int:
         created = self._created.get(user_id, [])
         return len(created) - bisect.bisect_left(created, since)
+
+    async def stale_queued(self, before: datetime, limit: int) -> list[OrderHistoryRecord]:
+        rows = [
+            r
+            for r in self._rows.values()
+            if r.status is OrderStatus.QUEUED and r.created_at < before
+        ]
+        rows.sort(key=lambda r: (r.created_at, r.id))
+        return rows[: max(limit, 0)]
 
 
 class MemoryAuditLog:

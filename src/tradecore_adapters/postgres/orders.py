@@ -5,6 +5,13 @@ webhook from becoming a second order even when the replay store lost its key; ``
 conflict there into ``DuplicateOrder``. A transition is one ``UPDATE ... WHERE status = ANY``
 of the statuses the lifecycle table lets the change leave (``order_lifecycle.sources``): of
 concurrent transitions from the same status, exactly one applies.
+
+``add`` and ``transition`` are written by group commit (``group_commit.shared_batcher``): the
+writes of concurrent callers share one transaction and one commit, and each returns once that
+commit is done. A batch succeeds or fails per order: the insert is ``ON CONFLICT DO NOTHING``,
+so a duplicate fingerprint refuses only its own order (also against an insert earlier in the
+same batch), and an outage fails every caller of the batch with ``DatabaseUnavailable``, with
+nothing of the batch written.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
+from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc, utc_or_none
 
@@ -87,7 +95,7 @@ def order_from_row(row: Row) -> OrderHistoryRecord:
         symbol=row["symbol"],
         action=AlertAction(row["action"]),
         quantity=row["quantity"],
-        order_type=OrderType(row["order_type"]),
+        order_type=None if row["order_type"] is None else OrderType(row["order_type"]),
         source=Source(row["source"]),
         simulation=row["simulation"],
         status=OrderStatus(row["status"]),
@@ -152,10 +160,21 @@ class PostgresOrderHistory:
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
+        self._batcher: StatementBatcher | None = None
+
+    @property
+    def _writes(self) -> StatementBatcher:
+        """The pool's shared batcher, looked up on first use."""
+        if self._batcher is None:
+            self._batcher = shared_batcher(self._pool)
+        return self._batcher
 
     async def add(self, record: OrderHistoryRecord) -> None:
         params = {f: _encode(f, getattr(record, f)) for f in _FIELDS}
-        if await fetch_one(self._pool, _INSERT, params) is None:
+        # Locks are taken on the fingerprint's index entry (and the new id): order by both.
+        key = ("order_history:add", record.user_id, record.fingerprint or "", record.id)
+        inserted = await self._writes.run(Statement(_INSERT, params, key))
+        if not inserted.rows:
             raise DuplicateOrder(record.fingerprint)
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
@@ -168,8 +187,9 @@ class PostgresOrderHistory:
         params: dict[str, Any] = {f"set_{f}": _encode(f, v) for f, v in fields.items()}
         params["order_id"] = order_id
         params["expected"] = list(_status_texts(leaves))
-        row = await fetch_one(self._pool, _transition_query(tuple(fields)), params)
-        return None if row is None else order_from_row(row)
+        statement = Statement(_transition_query(tuple(fields)), params, ("order_history", order_id))
+        updated = (await self._writes.run(statement)).rows
+        return order_from_row(updated[0]) if updated else None
 
     async def list_for_user(
         self,
@@ -203,3 +223,13 @@ class PostgresOrderHistory:
             (user_id, since),
         )
         return 0 if row is None else int(row["n"])
+
+    async def stale_queued(self, before: datetime, limit: int) -> list[OrderHistoryRecord]:
+        # the partial index order_history_queued (migration 0008) holds only queued rows
+        rows = await fetch_all(
+            self._pool,
+            "SELECT * FROM order_history WHERE status = 'queued' AND created_at < %s"
+            " ORDER BY created_at, id LIMIT %s",
+            (before, max(limit, 0)),
+        )
+        return [order_from_row(r) for r in rows]

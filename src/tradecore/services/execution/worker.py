@@ -3,7 +3,8 @@
 Execution of a request is crash-safe and idempotent:
 
 1. The order-history row must be ``queued``. An order that waited past its ``expires_at`` is
-   marked ``expired`` and never sent late.
+   marked ``expired`` and never sent late; the worker that expired it writes an
+   ``order_expired`` audit entry (the owner finds it in the history and the audit log).
 2. The worker reads the position, and claims the row with a compare-and-set
    ``queued -> submitted`` that records ``position_before``. If the API withdrew the intent
    first, nothing is sent. A request that names its broker (``OrderRequest.broker_name``)
@@ -51,8 +52,10 @@ from decimal import Decimal
 import attrs
 
 from tradecore import reversal
+from tradecore.audit import WORKER_CONTEXT, AuditAction, AuditEntry
 from tradecore.errors import BrokerDisconnected, CredentialsRejected
 from tradecore.fills import first_check_delay
+from tradecore.log_fields import LogFields, log_fields_bound
 from tradecore.order_lifecycle import ClaimFailed, Executed, Expired, Interrupted, Submitted
 from tradecore.orders import (
     OrderError,
@@ -65,7 +68,7 @@ from tradecore.orders import (
 )
 from tradecore.ports.broker import Broker, BrokerAccountSource, BrokerFactory, BrokerOrder
 from tradecore.ports.messaging import FillTask, FillTaskQueue
-from tradecore.ports.repositories import OrderHistory
+from tradecore.ports.repositories import AuditLog, OrderHistory
 from tradecore.ports.runtime import Clock, Sleeper
 from tradecore.services.execution.broker_sessions import BrokerSessions, Route
 
@@ -101,9 +104,11 @@ class UserWorker:
         sleeper: Sleeper,
         *,
         accounts: BrokerAccountSource,
+        audit: AuditLog | None = None,
     ) -> None:
         self.user_id = user_id
         self._orders = orders
+        self._audit = audit
         self._sessions = BrokerSessions(brokers, accounts, sleeper)
         self._fill_tasks = fill_tasks
         self._clock = clock
@@ -116,7 +121,20 @@ class UserWorker:
     async def execute(self, request: OrderRequest) -> OrderResult:
         """Carry out ``request`` exactly once and return its result (see the module doc).
         Raises ``StoreUnavailable`` when a store could not be reached; the same request may
-        then be executed again."""
+        then be executed again. Every log line written meanwhile names the order, its user,
+        its account and the API request that queued it."""
+        fields = LogFields(
+            request_id=request.log_request_id,
+            user_id=request.user_id,
+            account_id=request.trading_account_id,
+            order_id=request.order_id,
+        )
+        with log_fields_bound(fields):
+            result = await self._execute(request)
+            log.info("order %s executed: %s", request.order_id, result.status.value)
+        return result
+
+    async def _execute(self, request: OrderRequest) -> OrderResult:
         started = self._clock.now()
         if request.broker_name is not None:
             route = Route(
@@ -169,7 +187,10 @@ class UserWorker:
         now = self._clock.now()
         if now >= request.expires_at:
             expired = OrderError(RejectionCode.ORDER_EXPIRED, "Order expired before execution")
-            return await self._orders.transition(order_id, Expired(expired))
+            row = await self._orders.transition(order_id, Expired(expired))
+            if row is not None:
+                await self._audit_expiry(row, now)
+            return row
         try:
             positions = await self._sessions.call(route, lambda broker: broker.positions())
         except BrokerDisconnected:
@@ -178,6 +199,30 @@ class UserWorker:
             return await self._orders.transition(order_id, ClaimFailed(_credentials_rejected(e)))
         position_before = positions.get(symbol, Decimal(0))
         return await self._orders.transition(order_id, Submitted(now, position_before))
+
+    async def _audit_expiry(self, row: OrderHistoryRecord, now: datetime) -> None:
+        """One audit entry for an order this worker expired (only the winner of the
+        compare-and-set writes it). An order that waited for a worker until it was too old
+        is something its owner must be able to find, beside the history row."""
+        if self._audit is None:
+            return
+        await self._audit.append(
+            AuditEntry(
+                user_id=row.user_id,
+                action=AuditAction.ORDER_EXPIRED,
+                success=False,
+                context=WORKER_CONTEXT,
+                created_at=now,
+                error_message="Order expired before execution",
+                resource_type="order",
+                resource_id=row.id,
+                metadata={
+                    "trading_account_id": row.trading_account_id,
+                    "source": row.source.value,
+                    "queued_s": round((now - row.created_at).total_seconds(), 3),
+                },
+            )
+        )
 
     async def _run(self, row: OrderHistoryRecord, *, fresh: bool) -> OrderResult:
         """Execute the submitted ``row``. ``fresh``: this call won the row's claim, so no

@@ -6,7 +6,8 @@ holder serves the user and the start request is let go. Otherwise one task of th
 the user: it recovers the requests a crashed worker left in flight, executes the user's
 requests in order, and retires after the idle timeout (12 h by default), atomically and only
 while no request waits, so none is stranded. Every ``sweep_s`` the host starts the users whose
-requests wait with no lease (their host died).
+requests wait with no lease (their host died), and in a task of its own it hands over again the
+order intents an API made durable but died before pushing (``QueuedRecovery``).
 
 A store outage (``StoreUnavailable``) never completes a request with a wrong result. Every
 store call of a worker (taking, renewing or retiring its lease, listing its requests in
@@ -46,6 +47,7 @@ from tradecore.services.execution.outage_gate import (
     LeaseGone,
     OutageGate,
 )
+from tradecore.services.execution.queued_recovery import QueuedRecovery
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_leases import HostLeases, WorkerSlot
 
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 12 * 3600.0
 DEFAULT_MARK_TTL_S = 30.0
+DEFAULT_RECOVERY_GRACE_S = 30.0
 
 
 @attrs.frozen
@@ -62,12 +65,19 @@ class HostSettings:
     blocking take waits before the worker looks at the clock (its idle time, its lease) and
     the longest wait of the control loop. ``sweep_s``: how often the host looks for orphaned
     users (requests waiting with no lease: their host died) and starts them, so no request
-    waits for the user's next order."""
+    waits for the user's next order; the recovery of lost intents runs as often.
+    ``recovery_grace_s``: how long an order intent must have been ``queued`` before the
+    recovery may hand it over again (its API died between commit and push). A live API pushes
+    within min(``worker_start_timeout_s``, half its response wait) of its commit, so the
+    default (the default order response wait, twice that bound) leaves the other half for
+    the commit and the push themselves; a shorter grace only costs a harmless duplicate push.
+    """
 
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     mark_ttl_s: float = DEFAULT_MARK_TTL_S
     poll_s: float = 1.0
     sweep_s: float = 5.0
+    recovery_grace_s: float = DEFAULT_RECOVERY_GRACE_S
 
     @property
     def heartbeat_age(self) -> timedelta:
@@ -94,6 +104,7 @@ class WorkerHost:
         settings: HostSettings | None = None,
         *,
         holder: str,
+        recovery: QueuedRecovery | None = None,
     ) -> None:
         if not holder:
             raise ValueError("a worker host needs a non-empty holder name")
@@ -114,7 +125,10 @@ class WorkerHost:
             heartbeat_age=self._settings.heartbeat_age,
             log=log,
         )
+        self._recovery = recovery
         self._control: asyncio.Task[None] | None = None
+        self._recovering: asyncio.Task[None] | None = None
+        self._recovery_failing = False
         self._confirming: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._gate = OutageGate[WorkerSlot](
@@ -137,13 +151,13 @@ class WorkerHost:
     async def stop(self) -> None:
         """Stop consuming and end every worker (their leases are released)."""
         slots = (s.task for s in self._slots.values())
-        tasks = [t for t in [self._control, *slots, *self._gate.tasks] if t]
+        tasks = [t for t in [self._control, self._recovering, *slots, *self._gate.tasks] if t]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._control = None
+        self._control = self._recovering = None
         for slot in list(self._slots.values()):
             await self._close_worker(slot)
         await asyncio.gather(*self._closing)
@@ -219,6 +233,7 @@ class WorkerHost:
             try:
                 if last_sweep is None or self._seconds_since(last_sweep) >= settings.sweep_s:
                     last_sweep = self._clock.now()
+                    self._begin_recovery()
                     await self.sweep()
                 await self.heartbeat()
                 user_id = await self._directory.next_start_request(wait_s)
@@ -249,6 +264,37 @@ class WorkerHost:
             log.warning("user %s has requests but no worker: starting one", user_id)
             self.activate(user_id)
         return orphans
+
+    async def recover_lost(self) -> list[str]:
+        """One scan of ``QueuedRecovery`` (none without it): hands over again the intents an
+        API made durable but never pushed; their users without a worker are started here.
+        Returns the order ids handed over."""
+        if self._recovery is None:
+            return []
+        return await self._recovery.scan(self.activate)
+
+    def _begin_recovery(self) -> None:
+        """Start a ``recover_lost`` scan in a task of its own unless one still runs: beside the
+        control loop rather than in it, since a slow or unreachable order history must never
+        delay the leases' heartbeat. A failed scan is logged once per failing streak and tried
+        again at the next sweep (nothing is lost meanwhile)."""
+        if self._recovery is None or (self._recovering and not self._recovering.done()):
+            return
+        self._recovering = asyncio.create_task(self._recover_once(), name="queued-recovery")
+
+    async def _recover_once(self) -> None:
+        try:
+            await self.recover_lost()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if not self._recovery_failing:
+                log.warning("recovery of queued orders failed (%s); retrying", e)
+            self._recovery_failing = True
+        else:
+            if self._recovery_failing:
+                log.info("recovery of queued orders works again")
+            self._recovery_failing = False
 
     async def heartbeat(self) -> set[str]:
         """The leases' heartbeat (``HostLeases.heartbeat``), which the control loop runs:
