@@ -181,17 +181,30 @@ _BROKER_METHOD: dict[Operation, BrokerMethod] = {
 }
 
 
-def to_instruction(action: AlertAction, order_type: OrderType = OrderType.ENTRY) -> Instruction:
+_CLOSE_ACTIONS = frozenset({AlertAction.CLOSE_LONG, AlertAction.CLOSE_SHORT})
+
+
+def to_instruction(
+    action: AlertAction, order_type: OrderType | None = OrderType.ENTRY
+) -> Instruction:
     """Map an alert action and order type to the worker instruction.
 
     ``order_type`` is ignored for ``close_long`` / ``close_short`` (the table says n/a): they
-    close the whole position on their side.
+    close the whole position on their side. For ``buy`` and ``sell`` None means the default,
+    ``entry``.
     """
     if action is AlertAction.CLOSE_LONG:
         return Instruction(Operation.CLOSE_POSITION, direction=Direction.LONG)
     if action is AlertAction.CLOSE_SHORT:
         return Instruction(Operation.CLOSE_POSITION, direction=Direction.SHORT)
-    return _MAPPING[(action, order_type)]
+    return _MAPPING[(action, order_type or OrderType.ENTRY)]
+
+
+def recorded_order_type(action: AlertAction, order_type: OrderType) -> OrderType | None:
+    """The order type an order is stored and shown with: None for ``close_long`` and
+    ``close_short``, which have none (the mapping table's n/a: they close the whole position,
+    whatever ``order_type`` the alert named); the requested type for ``buy`` and ``sell``."""
+    return None if action in _CLOSE_ACTIONS else order_type
 
 
 class RejectionCode(enum.StrEnum):
@@ -237,7 +250,9 @@ class OrderRequest:
     None in payloads queued before the field existed: the worker then reads the row.
     ``credentials_ref`` is the version of the account's broker credentials the API saw
     (``TradingAccount.credentials_ref``): a worker whose connection uses older ones opens a
-    new one. None in older payloads and for simulations.
+    new one. None in older payloads and for simulations. ``log_request_id`` is the id of the
+    API request that queued the order (its X-Request-ID), so the worker's log lines carry it;
+    None in older payloads and where no request id was bound.
     """
 
     request_id: str
@@ -246,7 +261,7 @@ class OrderRequest:
     trading_account_id: str
     symbol: str
     action: AlertAction
-    order_type: OrderType
+    order_type: OrderType | None  # None for close actions (recorded_order_type)
     quantity: Decimal
     source: Source
     simulation: bool
@@ -254,6 +269,7 @@ class OrderRequest:
     expires_at: datetime
     broker_name: str | None = None
     credentials_ref: str | None = None
+    log_request_id: str | None = None
 
     @property
     def instruction(self) -> Instruction:
@@ -299,7 +315,7 @@ class OrderHistoryRecord:
     symbol: str
     action: AlertAction
     quantity: Decimal
-    order_type: OrderType
+    order_type: OrderType | None  # None for close actions (recorded_order_type)
     source: Source
     simulation: bool
     status: OrderStatus

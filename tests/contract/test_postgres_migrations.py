@@ -81,6 +81,48 @@ async def test_migrate_applies_everything_once(fresh_pg_database: str) -> None:
     assert await tables(fresh_pg_database) >= TABLES
 
 
+async def test_0007_stores_close_orders_without_an_order_type(fresh_pg_database: str) -> None:
+    """Close orders stored as 'entry' before 0007 lose the type; the constraint then refuses
+    a close with a type and a buy without one."""
+    earlier = [(n, t) for n, t in migration_files() if n < "0007"]
+    async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
+        for _, text in earlier:
+            await conn.execute(text.encode())
+        await conn.execute(
+            "CREATE TABLE schema_migrations (name text PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for name, _ in earlier:
+            await conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (name,))
+        await conn.execute(
+            "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
+            " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
+        )
+        await conn.execute(
+            "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
+            " webhook_secret_hash, created_at, max_request_age, max_quantity)"
+            " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
+        )
+        for order_id, action in (("o1", "close_long"), ("o2", "buy")):
+            await conn.execute(
+                "INSERT INTO order_history (id, user_id, trading_account_id, broker_name, symbol,"
+                " action, quantity, order_type, source, simulation, status, created_at,"
+                " request_id) VALUES (%s, 'u1', 'a1', 'paper', 'BTCUSDT', %s, 1, 'entry',"
+                " 'webhook', false, 'filled', now(), %s)",
+                (order_id, action, f"r-{order_id}"),
+            )
+    assert await migrate(fresh_pg_database) == [n for n, _ in migration_files() if n >= "0007"]
+    async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
+        cursor = await conn.execute("SELECT id, order_type FROM order_history ORDER BY id")
+        assert await cursor.fetchall() == [("o1", None), ("o2", "entry")]
+        for change in (
+            "UPDATE order_history SET order_type = 'exit' WHERE id = 'o1'",
+            "UPDATE order_history SET order_type = NULL WHERE id = 'o2'",
+        ):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                await conn.execute(change)
+
+
 async def test_concurrent_migrations_apply_once(fresh_pg_database: str) -> None:
     everything = [name for name, _ in migration_files()]
     runs = await asyncio.gather(*(migrate(fresh_pg_database) for _ in range(3)))

@@ -30,6 +30,7 @@ from tradecore.orders import (
     OrderType,
     RejectionCode,
     Source,
+    recorded_order_type,
 )
 from tradecore.ports.crypto import KeyStore
 from tradecore.ports.documents import DocumentStore
@@ -541,7 +542,7 @@ def full_order(order_id: str) -> OrderHistoryRecord:
         order_id,
         action=AlertAction.CLOSE_SHORT,
         quantity=Decimal("1.2500"),
-        order_type=OrderType.EXIT,
+        order_type=None,  # a close has none (recorded_order_type)
         source=Source.DASHBOARD,
         simulation=True,
         status=OrderStatus.REJECTED,
@@ -621,7 +622,7 @@ async def test_any_order_round_trips(
     record = order(
         str(uuid.uuid4()),
         action=action,
-        order_type=order_type,
+        order_type=recorded_order_type(action, order_type),
         source=source,
         status=status,
         quantity=quantity,

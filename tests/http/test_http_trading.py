@@ -182,6 +182,28 @@ async def test_dashboard_order_200_and_history(env: Env, trader: Trader, session
 
 
 @pytest.mark.parametrize(
+    ("action", "order_type", "stored"),
+    [
+        ("buy", "exit", "exit"),
+        ("buy", None, "entry"),
+        ("close_long", None, None),
+        ("close_short", "exit", None),  # accepted; a close has no type whatever the alert says
+    ],
+)
+async def test_the_history_records_the_order_type_the_order_had(
+    trader: Trader, session: Session, action: str, order_type: str | None, stored: str | None
+) -> None:
+    changes: dict[str, object] = {"action": action}
+    if order_type is not None:
+        changes["order_type"] = order_type
+    response = await session.request("POST", "/trading/order", json=order_body(trader, **changes))
+    assert response.status == 200, await response.text()
+    order_id = (await response.json())["order_id"]
+    row = await (await session.request("GET", f"/trading/orders/{order_id}", csrf=False)).json()
+    assert (row["action"], row["order_type"]) == (action, stored)
+
+
+@pytest.mark.parametrize(
     "changes",
     [
         {"quantity": "1e3"},

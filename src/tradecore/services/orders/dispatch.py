@@ -32,6 +32,7 @@ import attrs
 from tradecore.accounts import TradingAccount
 from tradecore.errors import DuplicateOrder, StoreUnavailable
 from tradecore.identity import User
+from tradecore.log_fields import bind_log_fields, current_log_fields
 from tradecore.order_lifecycle import Withdrawn
 from tradecore.orders import (
     AlertAction,
@@ -40,6 +41,7 @@ from tradecore.orders import (
     OrderStatus,
     OrderType,
     Source,
+    recorded_order_type,
 )
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.repositories import OrderHistory
@@ -140,6 +142,9 @@ class OrderDispatcher:
         # an outage must withdraw it, or answer 202 when the order is already on its way.
         order_id = self._random.new_id()
         request_id = self._random.new_id()
+        # the rest of the request's log lines name the order, its user and its account
+        bind_log_fields(user_id=intent.user.id, account_id=intent.account.id, order_id=order_id)
+        order_type = recorded_order_type(intent.action, intent.order_type)
         record = OrderHistoryRecord(
             id=order_id,
             user_id=intent.user.id,
@@ -148,7 +153,7 @@ class OrderDispatcher:
             symbol=intent.symbol,
             action=intent.action,
             quantity=intent.quantity,
-            order_type=intent.order_type,
+            order_type=order_type,
             source=intent.source,
             simulation=intent.simulation,
             status=OrderStatus.QUEUED,
@@ -170,7 +175,7 @@ class OrderDispatcher:
             trading_account_id=intent.account.id,
             symbol=intent.symbol,
             action=intent.action,
-            order_type=intent.order_type,
+            order_type=order_type,
             quantity=intent.quantity,
             source=intent.source,
             simulation=intent.simulation,
@@ -178,6 +183,7 @@ class OrderDispatcher:
             expires_at=now + timedelta(seconds=self._settings.max_queue_age_s),
             broker_name=record.broker_name,
             credentials_ref=None if intent.simulation else intent.account.credentials_ref,
+            log_request_id=current_log_fields().request_id,
         )
         try:
             start_wait_s = await self._hand_over(request, wait_s / 2)
