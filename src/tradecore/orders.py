@@ -335,6 +335,34 @@ class OrderHistoryRecord:
     exit_order_result: dict[str, str] | None = None
     error: OrderError | None = None
 
+    def to_request(
+        self,
+        *,
+        expires_at: datetime,
+        credentials_ref: str | None = None,
+        log_request_id: str | None = None,
+    ) -> OrderRequest:
+        """The request that hands this queued row to its user's worker: what the API pushes
+        after writing the row, and what a worker host pushes again for a row whose API died
+        before its push (``QueuedRecovery``)."""
+        return OrderRequest(
+            request_id=self.request_id,
+            order_id=self.id,
+            user_id=self.user_id,
+            trading_account_id=self.trading_account_id,
+            symbol=self.symbol,
+            action=self.action,
+            order_type=self.order_type,
+            quantity=self.quantity,
+            source=self.source,
+            simulation=self.simulation,
+            created_at=self.created_at,
+            expires_at=expires_at,
+            broker_name=self.broker_name,
+            credentials_ref=credentials_ref,
+            log_request_id=log_request_id,
+        )
+
     def to_result(self) -> OrderResult:
         """The OrderResult this row stands for."""
         return OrderResult(

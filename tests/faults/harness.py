@@ -414,10 +414,9 @@ class Account:
         return cls(str(body["account"]["id"]), token, str(body["webhook_secret"]))
 
 
-async def run_cli(
-    args: Sequence[str], env: Mapping[str, str], *, stdin: str = ""
-) -> dict[str, Any]:
-    """Run ``tradecore <args>`` to completion; its JSON line. AssertionError on failure."""
+async def run_cli_output(args: Sequence[str], env: Mapping[str, str], *, stdin: str = "") -> str:
+    """Run ``tradecore <args>`` to completion; its standard output. AssertionError on failure
+    (with its standard error) or when it has not finished within ``CLI_TIMEOUT_S``."""
     process = await asyncio.create_subprocess_exec(
         str(TRADECORE),
         *args,
@@ -436,7 +435,15 @@ async def run_cli(
         raise AssertionError(
             f"tradecore {' '.join(args)} exited {process.returncode}: {err.decode().strip()}"
         )
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return out.decode()
+
+
+async def run_cli(
+    args: Sequence[str], env: Mapping[str, str], *, stdin: str = ""
+) -> dict[str, Any]:
+    """Run ``tradecore <args>`` to completion; its JSON line. AssertionError on failure."""
+    out = await run_cli_output(args, env, stdin=stdin)
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 

@@ -43,6 +43,7 @@ from faults.harness import (
     Unavailable,
     eventually,
     free_port,
+    run_cli_output,
 )
 from tradecore_entrypoints.settings import VARIABLES
 
@@ -216,22 +217,7 @@ async def siteverify_server(verifier: Siteverify) -> AsyncIterator[str]:
 async def run(args: list[str], env: Mapping[str, str], stdin: str = "") -> str:
     """A documented command to completion; its standard output. AssertionError on failure."""
     assert args[0] == "tradecore"
-    process = await asyncio.create_subprocess_exec(
-        str(TRADECORE),
-        *args[1:],
-        env=dict(env),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(stdin.encode()), CLI_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise AssertionError(f"{shlex.join(args)} did not finish") from None
-    assert process.returncode == 0, f"{shlex.join(args)} exited {process.returncode}: {err!r}"
-    return out.decode()
+    return await run_cli_output(args[1:], env, stdin=stdin)
 
 
 @contextlib.asynccontextmanager

@@ -136,21 +136,8 @@ def request_for(
     row: OrderHistoryRecord, *, expires_in_s: float = 60.0, broker_name: str | None = "paper"
 ) -> OrderRequest:
     """The request the API pushes for ``row`` (``broker_name`` None: an older API's payload)."""
-    return OrderRequest(
-        request_id=row.request_id,
-        order_id=row.id,
-        user_id=row.user_id,
-        trading_account_id=row.trading_account_id,
-        symbol=row.symbol,
-        action=row.action,
-        order_type=row.order_type,
-        quantity=row.quantity,
-        source=row.source,
-        simulation=row.simulation,
-        created_at=row.created_at,
-        expires_at=row.created_at + timedelta(seconds=expires_in_s),
-        broker_name=broker_name,
-    )
+    request = row.to_request(expires_at=row.created_at + timedelta(seconds=expires_in_s))
+    return attrs.evolve(request, broker_name=broker_name)
 
 
 class NoStoredAccounts:

@@ -101,20 +101,6 @@ class QueuedRecovery:
             account = await self._accounts.get(row.trading_account_id)
             # a deleted account: None, and the worker opens the account as its source has it
             credentials_ref = None if account is None else account.credentials_ref
-        return OrderRequest(
-            request_id=row.request_id,
-            order_id=row.id,
-            user_id=row.user_id,
-            trading_account_id=row.trading_account_id,
-            symbol=row.symbol,
-            action=row.action,
-            order_type=row.order_type,
-            quantity=row.quantity,
-            source=row.source,
-            simulation=row.simulation,
-            created_at=row.created_at,
-            expires_at=row.created_at + self._max_queue_age,
-            broker_name=row.broker_name,
-            credentials_ref=credentials_ref,
-            log_request_id=None,
+        return row.to_request(
+            expires_at=row.created_at + self._max_queue_age, credentials_ref=credentials_ref
         )

@@ -168,20 +168,8 @@ class OrderDispatcher:
         except StoreUnavailable:
             return Dispatched(UNAVAILABLE)
 
-        request = OrderRequest(
-            request_id=request_id,
-            order_id=order_id,
-            user_id=intent.user.id,
-            trading_account_id=intent.account.id,
-            symbol=intent.symbol,
-            action=intent.action,
-            order_type=order_type,
-            quantity=intent.quantity,
-            source=intent.source,
-            simulation=intent.simulation,
-            created_at=now,
+        request = record.to_request(
             expires_at=now + timedelta(seconds=self._settings.max_queue_age_s),
-            broker_name=record.broker_name,
             credentials_ref=None if intent.simulation else intent.account.credentials_ref,
             log_request_id=current_log_fields().request_id,
         )
