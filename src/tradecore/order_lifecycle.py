@@ -131,10 +131,12 @@ class Executed:
     exit_quantity: Decimal
     exit_order_result: dict[str, str] | None
     error: OrderError | None
+    placed_at: datetime | None = None  # when the broker's answer to the placement came
 
     def fields(self) -> dict[str, object]:
         return {
             "status": self.status,
+            "placed_at": self.placed_at,
             "order_id": self.order_id,
             "client_order_id": self.client_order_id,
             "broker_refs": self.broker_refs,

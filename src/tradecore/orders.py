@@ -334,6 +334,8 @@ class OrderHistoryRecord:
     position_before: Decimal | None = None
     exit_order_result: dict[str, str] | None = None
     error: OrderError | None = None
+    admitted_at: datetime | None = None
+    placed_at: datetime | None = None
 
     def to_request(
         self,

@@ -4,6 +4,7 @@ Fails on any console error, page error or CSP violation (the ``page`` fixture)."
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import aiohttp
@@ -55,9 +56,12 @@ async def test_the_account_and_order_pages_draw_their_charts(
     await sell.get_by_role("link").first.click()
     await expect(page.get_by_role("heading", name="Order: sell 2 BTCUSDT")).to_be_visible()
     stages = page.locator("#stages-chart")
-    await expect(stages.locator("li[data-stage='received']")).to_have_text("received: not recorded")
-    await expect(stages.locator("li[data-stage='queued']")).to_contain_text("queued: ")
+    for stage in ("received", "queued", "executing", "placed"):  # each measured, in words
+        await expect(stages.locator(f"li[data-stage='{stage}']")).to_have_text(
+            re.compile(rf"^{stage}: [0-9.]+ (ms|s)$")
+        )
+    await expect(stages.locator("li[data-stage='admitted']")).to_contain_text("admitted at ")
     await expect(stages.locator("li[data-stage='filled']")).to_contain_text("filled at ")
-    await expect(stages.locator("rect.stage")).to_have_count(2)
+    await expect(stages.locator("rect.stage")).to_have_count(4)
     await expect(page.locator(".order-fields")).to_contain_text("Automatic close")
     await shot(page, "order-stages")

@@ -559,6 +559,8 @@ def full_order(order_id: str) -> OrderHistoryRecord:
         position_before=Decimal("-3.000"),
         exit_order_result={"status": "filled", "order_id": "broker-76"},
         error=OrderError(RejectionCode.BROKER_RATE_LIMITED, "slow down", retry_after=1.5),
+        admitted_at=at(0.5),
+        placed_at=at(1.5),
     )
 
 

@@ -4,7 +4,7 @@ orders, order history, API keys, allowed IPs and security events."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -154,6 +154,11 @@ async def test_dashboard_order_200_and_history(env: Env, trader: Trader, session
     assert row["source"] == "dashboard"
     assert row["id"] == result["order_id"]
     assert row["fill_quantity"] == "0.25"
+    # every moment of its life is recorded, in order (the dashboard's stage chart reads them)
+    moments = ["created_at", "admitted_at", "submitted_at", "placed_at", "filled_at"]
+    assert all(row[m] is not None for m in moments), {m: row[m] for m in moments}
+    times = [datetime.fromisoformat(row[m]) for m in moments]
+    assert times == sorted(times)
     assert set(row) >= {
         "symbol",
         "action",

@@ -149,37 +149,64 @@ def test_bars_count_the_orders_of_each_day_by_outcome() -> None:
     ]
 
 
-def test_the_stages_measure_what_is_recorded_and_name_the_rest() -> None:
-    row = _row(1, AlertAction.BUY, "1")
+def test_every_stage_is_measured_from_the_recorded_moments() -> None:
+    at = T0 + timedelta(minutes=1)
+    row = _row(
+        1,
+        AlertAction.BUY,
+        "1",
+        admitted_at=at + timedelta(milliseconds=3),
+        placed_at=at + timedelta(milliseconds=60),
+        filled_at=at + timedelta(milliseconds=900),
+    )
+    words = [s.words for s in charts.order_stages(row)]
+    assert words == [
+        "received: 3.0 ms",
+        "admitted at 2026-01-05 14:31:00.003 UTC",
+        "queued: 17 ms",
+        "executing: 40 ms",
+        "placed: 840 ms",
+        "filled at 2026-01-05 14:31:00.900 UTC",
+    ]
+    root = _svg_tree(charts.stages_svg(charts.order_stages(row)))
+    spans = [r.get("data-stage") for r in root.iter(f"{SVG}rect")]
+    assert spans == ["received", "queued", "executing", "placed"]
+
+
+def test_an_order_stored_before_the_moments_were_recorded_says_so() -> None:
+    row = _row(1, AlertAction.BUY, "1")  # no admitted_at, no placed_at
     words = [s.words for s in charts.order_stages(row)]
     assert words == [
         "received: not recorded",
         "admitted: not recorded",
-        "queued: 20 ms",
-        "executing and placed: 50 ms",
+        "queued: not recorded",
+        "executing: not recorded",
+        "placed: not recorded",
         "filled at 2026-01-05 14:31:00.070 UTC",
     ]
-    root = _svg_tree(charts.stages_svg(charts.order_stages(row)))
-    spans = [r.get("data-stage") for r in root.iter(f"{SVG}rect")]
-    assert spans == ["queued", "executing and placed"]
 
 
 def test_a_queued_order_has_no_number_beyond_what_is_recorded() -> None:
+    at = T0 + timedelta(minutes=1)
     row = _row(
         1,
         AlertAction.BUY,
         "1",
         status=OrderStatus.QUEUED,
+        admitted_at=at + timedelta(milliseconds=2),
         submitted_at=None,
         filled_at=None,
         fill_price=None,
         fill_quantity=Decimal(0),
     )
     stages = charts.order_stages(row)
-    assert [s.seconds for s in stages] == [None] * 5
-    assert stages[2].words == "queued: still queued"
-    root = _svg_tree(charts.stages_svg(stages))
-    assert list(root.iter(f"{SVG}rect")) == []
+    assert [s.seconds for s in stages] == [0.002, None, None, None, None, None]
+    assert [s.words for s in stages][2:] == [
+        "queued: still queued",
+        "executing: not reached",
+        "placed: not reached",
+        "filled: not filled",
+    ]
 
 
 def test_the_position_svg_is_well_formed_and_escapes_its_text() -> None:

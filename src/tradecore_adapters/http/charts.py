@@ -31,12 +31,16 @@ last ``days`` UTC days (simulations included), by outcome: filled (``filled``,
 ``partially_filled``), refused or failed (``rejected``, ``failed``), other (every other status:
 queued, in flight, cancelled, expired, ``no_position``).
 
-**Stages of one order** (``order_stages``): the record holds ``created_at`` (written once the
-order passed its checks: it is queued from then), ``submitted_at`` (the worker claimed it) and
-``filled_at`` (the fill was recorded). So "queued" (created to submitted) is measured, and
-"executing" and "placed" together (submitted to filled), since no time of placement at the
-broker is recorded. "Received" and "admitted" (the request's arrival and its checks) are not
-recorded; they are named as such, never given a number.
+**Stages of one order** (``order_stages``), from the moments the record holds:
+``created_at`` (the request arrived), ``admitted_at`` (its checks passed and the intent was
+written), ``submitted_at`` (a worker claimed it), ``placed_at`` (the broker answered the
+placement) and ``filled_at`` (the fill was recorded). "Received" is the time from arrival to
+admission (parsing, the four webhook layers, the order checks), "admitted" the moment of
+admission, "queued" the time until a worker claimed it (the durable write, the hand-over, the
+wait for the worker), "executing" the time until the broker answered, "placed" the time until
+the fill was recorded (none for a market order the broker filled at once), "filled" the
+moment of the fill. Orders stored before ``admitted_at`` and ``placed_at`` existed say "not
+recorded" for the spans that need them, never a made-up number.
 """
 
 from __future__ import annotations
@@ -335,33 +339,42 @@ NOT_RECORDED = "not recorded"
 
 
 def order_stages(row: OrderHistoryRecord) -> tuple[Stage, ...]:
-    """The stages received, admitted, queued, executing and placed, filled (see the module
-    docstring for what is measured); a stage not reached yet says so."""
-    queued_note = ""
-    if row.submitted_at is None:
+    """The stages received, admitted, queued, executing, placed and filled (see the module
+    docstring for what each measures); a stage not reached yet says so."""
+    settled = row.status.is_terminal
+    admitted = row.admitted_at
+    queued_end = row.submitted_at
+    if queued_end is None:
         queued_note = "still queued" if row.status is OrderStatus.QUEUED else "not reached"
-    if row.filled_at is not None:
-        running_note, filled_note = "", ""
-    elif row.submitted_at is None:
-        running_note, filled_note = "not reached", "not filled"
     else:
-        running_note = "not over" if not row.status.is_terminal else "ended without a fill"
-        filled_note = "not filled"
+        queued_note = NOT_RECORDED if admitted is None else ""
+    was_placed = bool(row.broker_refs) or row.filled_at is not None
+    if row.submitted_at is None:
+        executing_note = "not reached"
+    elif row.placed_at is not None:
+        executing_note = ""
+    elif was_placed:
+        executing_note = NOT_RECORDED  # placed before placement times were recorded
+    else:
+        executing_note = "ended unplaced" if settled else "not over"
+    if row.placed_at is None:
+        placed_note = NOT_RECORDED if was_placed else "not reached"
+    elif row.filled_at is None:
+        placed_note = "ended without a fill" if settled else "waiting for the fill"
+    else:
+        placed_note = ""
     return (
-        Stage("received", None, None, NOT_RECORDED),
-        Stage("admitted", None, None, NOT_RECORDED),
-        Stage("queued", row.created_at, row.submitted_at, queued_note),
-        Stage(
-            "executing and placed",
-            row.submitted_at,
-            row.filled_at,
-            running_note or "not recorded separately",
-        ),
-        Stage("filled", row.filled_at, row.filled_at, filled_note, moment=True),
+        Stage("received", row.created_at, admitted, NOT_RECORDED if admitted is None else ""),
+        Stage("admitted", admitted, admitted, NOT_RECORDED, moment=True),
+        Stage("queued", admitted, queued_end, queued_note),
+        Stage("executing", row.submitted_at, row.placed_at, executing_note),
+        Stage("placed", row.placed_at, row.filled_at, placed_note),
+        Stage("filled", row.filled_at, row.filled_at, "not filled", moment=True),
     )
 
 
 STAGE_COLOURS = ("#1f5fbf", "#c2410c", "#1c7c3c")
+_LABEL_PX_PER_CHAR = 6.5  # an 11 px sans-serif label's width per character, with a margin
 
 
 def stages_summary(stages: Sequence[Stage]) -> str:
@@ -383,7 +396,8 @@ def stages_svg(stages: Sequence[Stage]) -> Markup:
             f'width="{_n(wide)}" height="24" fill="{STAGE_COLOURS[index % 3]}">'
             f"<title>{_t(stage.words)}</title></rect>"
         )
-        parts.append(_text(x + 2, 50, stage.words, anchor="start"))
+        if wide >= _LABEL_PX_PER_CHAR * len(stage.words):  # else its title and the list say it
+            parts.append(_text(x + 2, 50, stage.words, anchor="start"))
         x += wide
     if not measured:
         parts.append(_text(WIDTH / 2, 30, "No stage measured yet", anchor="middle"))

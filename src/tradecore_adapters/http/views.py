@@ -109,6 +109,8 @@ def history_item(row: OrderHistoryRecord) -> dict[str, Any]:
         "fill_price": maybe_decimal(row.fill_price),
         "fill_quantity": decimal(row.fill_quantity),
         "filled_at": timestamp(row.filled_at),
+        "admitted_at": timestamp(row.admitted_at),
+        "placed_at": timestamp(row.placed_at),
         "auto_exit": row.auto_exit,
         "exit_quantity": decimal(row.exit_quantity),
         "position_before": maybe_decimal(row.position_before),

@@ -114,6 +114,8 @@ def order_from_row(row: Row) -> OrderHistoryRecord:
         position_before=row["position_before"],
         exit_order_result=row["exit_order_result"],
         error=None if error is None else error_from_json(error),
+        admitted_at=utc_or_none(row["admitted_at"]),
+        placed_at=utc_or_none(row["placed_at"]),
     )
 
 

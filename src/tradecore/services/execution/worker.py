@@ -264,6 +264,7 @@ class UserWorker:
             exit_quantity=outcome.exit_quantity,
             exit_order_result=outcome.exit_order_result,
             error=outcome.error,
+            placed_at=now if outcome.broker_refs else None,
         )
         updated = await self._orders.transition(row.id, executed)
         if updated is None:

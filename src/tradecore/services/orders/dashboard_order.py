@@ -126,6 +126,7 @@ class DashboardOrders:
             quantity=order.quantity,
             source=Source.DASHBOARD,
             simulation=simulation,
+            admitted_at=self._clock.now(),
         )
 
         async def record_order(order_id: str) -> None:

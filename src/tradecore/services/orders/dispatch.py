@@ -66,6 +66,7 @@ class OrderIntent:
     source: Source
     simulation: bool
     fingerprint: str | None = None
+    admitted_at: datetime | None = None  # when its checks passed (None: not measured)
 
 
 @attrs.frozen
@@ -160,6 +161,7 @@ class OrderDispatcher:
             created_at=now,
             request_id=request_id,
             fingerprint=intent.fingerprint,
+            admitted_at=intent.admitted_at,
         )
         try:
             await self._orders.add(record)

@@ -231,6 +231,7 @@ class WebhookIntake:
             source=Source.WEBHOOK,
             simulation=simulation,
             fingerprint=fingerprint,
+            admitted_at=self._clock.now(),
         )
 
         async def record_order(order_id: str) -> None:
