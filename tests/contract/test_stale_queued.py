@@ -4,25 +4,12 @@ exactly as stored."""
 
 from __future__ import annotations
 
-import pytest
-from test_repositories import (
-    Stores,
-    at,
-    memory_stores,
-    order,
-    postgres_stores,
-    two_users_with_accounts,
-)
+from test_repositories import Stores, at, order, stores, two_users_with_accounts
 
 from tradecore.order_lifecycle import Submitted, Withdrawn
 from tradecore.orders import OrderStatus
 
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-def stores(request: pytest.FixtureRequest) -> Stores:
-    if request.param == "memory":
-        return memory_stores()
-    return postgres_stores(request.getfixturevalue("pg_pool"))
+__all__ = ["stores"]  # the fixture, over both adapters
 
 
 async def test_lists_only_queued_rows_created_before_the_cut_off_oldest_first(

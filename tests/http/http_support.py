@@ -19,6 +19,7 @@ from dependency_injector import providers
 
 from tradecore.audit import AuditAction, StoredAuditEntry
 from tradecore.identity import Plan, User
+from tradecore.ports.identity import PasswordHasher
 from tradecore.services.accounts.provisioning import NewAccount
 from tradecore.services.execution.worker_host import HostSettings
 from tradecore.testing.clock import FakeClock, FakeSleeper, SeededRandom
@@ -170,10 +171,15 @@ def container_for(settings: Settings, clock: FakeClock) -> Application:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings | None = None, **server: Any) -> AsyncIterator[Env]:
-    """The app over the embedded runtime on a fake clock, served on a loopback port."""
+async def running(
+    settings: Settings | None = None, *, hasher: PasswordHasher | None = None, **server: Any
+) -> AsyncIterator[Env]:
+    """The app over the embedded runtime on a fake clock, served on a loopback port;
+    ``hasher`` replaces the fast test hasher (a test that controls when hashing ends)."""
     clock = FakeClock()
     container = container_for(settings or Settings(), clock)
+    if hasher is not None:
+        container.shared.hasher.override(providers.Object(hasher))
     app = make_app(container)
     test_server = TestServer(app, **server)
     # TestServer drops constructor kwargs; the runner options go to start_server.

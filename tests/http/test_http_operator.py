@@ -5,32 +5,25 @@ embedded runtime and in real mode (Postgres and Redis), and ``/public/*`` withou
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
 
 import pytest
 import redis
-from aiohttp import DummyCookieJar
-from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from dependency_injector import providers
-from http_support import PASSWORD, Env, container_for, fast_hasher, login
+from http_support import PASSWORD, Env, fast_hasher, login, running
 
 from contract.postgres_fixtures import fresh_pg_database, pg_admin_conninfo
 from contract.redis_fixtures import redis_url
 from tradecore.audit import AuditAction
-from tradecore.ports.identity import PasswordHasher
 from tradecore.ports.messaging import FillTask
-from tradecore.testing.clock import FakeClock
 from tradecore.testing.orders import order_request
-from tradecore_adapters.http import runner_options
 from tradecore_adapters.postgres import migrate
 from tradecore_adapters.postgres.migrate import migration_files
 from tradecore_entrypoints.admin import admin_create_user
 from tradecore_entrypoints.cli import main
-from tradecore_entrypoints.container import build_container, make_app
+from tradecore_entrypoints.container import build_container
 from tradecore_entrypoints.settings import Settings
 
 __all__ = ["fresh_pg_database", "pg_admin_conninfo", "redis_url"]  # real mode's fixtures
@@ -63,25 +56,6 @@ class BarrierHasher:
 
     async def verify_dummy(self, password: str) -> None:
         await self._inner.verify_dummy(password)
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    settings: Settings | None = None, *, hasher: PasswordHasher | None = None
-) -> AsyncIterator[Env]:
-    """The app (``http_support.running``) with ``hasher`` in place of the fast one."""
-    clock = FakeClock()
-    container = container_for(settings or Settings(), clock)
-    if hasher is not None:
-        container.shared.hasher.override(providers.Object(hasher))
-    server = TestServer(make_app(container))
-    await server.start_server(**runner_options())
-    client: TestClient[Any, Any] = TestClient(server, cookie_jar=DummyCookieJar())
-    await client.start_server()
-    try:
-        yield Env(client, container, container.services.system(), clock)
-    finally:
-        await client.close()
 
 
 def setup_body(email: str = ROOT, **changes: Any) -> dict[str, Any]:
@@ -182,7 +156,7 @@ async def test_a_malformed_setup_body_is_refused_and_audited(env: Env) -> None:
 
 
 async def test_concurrent_setup_requests_create_exactly_one_admin() -> None:
-    async with serving(hasher=BarrierHasher()) as env:
+    async with running(hasher=BarrierHasher()) as env:
         first, second = await asyncio.gather(
             env.client.post("/setup/admin", json=setup_body("one@example.com")),
             env.client.post("/setup/admin", json=setup_body("two@example.com")),
@@ -199,7 +173,7 @@ async def test_concurrent_setup_requests_create_exactly_one_admin() -> None:
 
 async def test_setup_and_public_paths_skip_browser_only_in_production() -> None:
     settings = Settings(production=True, allowed_origins=frozenset({"https://app.example.com"}))
-    async with serving(settings) as env:
+    async with running(settings) as env:
         assert (await env.client.get("/public/terms")).status == 200
         assert (await env.client.post("/setup/admin", json=setup_body())).status == 201
         # /deployment/* is not exempt: a script calls it with a bearer access token
@@ -294,7 +268,7 @@ async def test_setup_and_deployment_status_in_real_mode(
     await migrate(fresh_pg_database)
     redis.Redis.from_url(redis_url).flushdb()
     settings = Settings(database_url=fresh_pg_database, redis_url=redis_url)
-    async with serving(settings, hasher=BarrierHasher()) as env:
+    async with running(settings, hasher=BarrierHasher()) as env:
         assert await (await env.client.get("/setup/status")).json() == {
             "open": True,
             "terms_version": "1",
