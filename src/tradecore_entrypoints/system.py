@@ -32,6 +32,7 @@ from tradecore.ports.repositories import (
 from tradecore.ports.runtime import Clock, RandomSource, Sleeper
 from tradecore.services.accounts.provisioning import Provisioning
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.execution.cancellation import raise_if_cancelled
 from tradecore.services.execution.fill_verifier import FillVerifier
 from tradecore.services.execution.worker_host import WorkerHost
 from tradecore.services.orders.dashboard_order import DashboardOrders
@@ -158,6 +159,7 @@ class System:
 
     async def _verify_forever(self) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 if await self.verifier.run_once(self.fill_polling.wait_s) is None:
                     await asyncio.sleep(self.fill_polling.idle_s)

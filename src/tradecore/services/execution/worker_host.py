@@ -41,6 +41,7 @@ from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderResult
 from tradecore.ports.broker import BrokerOrder
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.runtime import Clock, Sleeper
+from tradecore.services.execution.cancellation import raise_if_cancelled
 from tradecore.services.execution.outage_gate import (
     OUTAGE_BACKOFF_MAX_S,
     OUTAGE_BACKOFF_S,
@@ -230,6 +231,7 @@ class WorkerHost:
         retries = 0
         delay = OUTAGE_BACKOFF_S
         while True:
+            raise_if_cancelled()
             try:
                 if last_sweep is None or self._seconds_since(last_sweep) >= settings.sweep_s:
                     last_sweep = self._clock.now()
@@ -316,6 +318,7 @@ class WorkerHost:
             last_activity = slot.renewed_at
             stranded = deque(await self._recover(user_id, slot))
             while True:
+                raise_if_cancelled()
                 if slot.lost:
                     ended = True
                     return

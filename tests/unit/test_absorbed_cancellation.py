@@ -1,0 +1,63 @@
+"""A cancellation that a library absorbs still stops the process's loops.
+
+redis-py can swallow a cancellation that lands inside a read with a timeout: the read
+returns normally and the task goes on. Before ``raise_if_cancelled``, the fill verifier's
+loop then never ended and a worker host ignored SIGTERM until it was killed (seen in the
+fault suite: ``test_a_worker_stopped_with_sigterm_hands_its_users_over_at_once``). Here the
+fill-task queue and worker-control wait absorb every cancellation, as that read can; stopping
+the system must still end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+
+from tradecore_entrypoints.system import System
+
+STOP_BOUND_S = 10.0  # only a hang comes near it: a stop takes milliseconds here
+
+
+class Absorbing:
+    """Waits made to behave like a redis-py read with a timeout that swallowed the
+    cancellation: a cancelled call returns what an idle wait returns, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    def __call__(self, wait: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await wait(*args, **kwargs)
+            except asyncio.CancelledError:
+                if self.on:
+                    return None
+                raise
+
+        return call
+
+
+async def test_stopping_ends_loops_whose_waits_absorb_the_cancellation(
+    embedded: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    absorbing = Absorbing()
+    monkeypatch.setattr(embedded.verifier, "run_once", absorbing(embedded.verifier.run_once))
+    directory = embedded.directory
+    monkeypatch.setattr(directory, "next_start_request", absorbing(directory.next_start_request))
+    await embedded.start(workers=True, verify_fills=True)
+    await asyncio.sleep(0.05)  # both loops are in their waits
+    stopping = asyncio.create_task(embedded.stop())
+    try:
+        # asyncio.wait, not wait_for: cancelling a stop that hangs would hang as well
+        done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND_S)
+        assert stopping in done, "stop() did not end: a loop went on after its cancellation"
+        stopping.result()
+    finally:
+        # a failed run must not hang the test's teardown too: cancel again, unabsorbed
+        absorbing.on = False
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
