@@ -252,7 +252,11 @@ class OrderRequest:
     (``TradingAccount.credentials_ref``): a worker whose connection uses older ones opens a
     new one. None in older payloads and for simulations. ``log_request_id`` is the id of the
     API request that queued the order (its X-Request-ID), so the worker's log lines carry it;
-    None in older payloads and where no request id was bound.
+    None in older payloads and where no request id was bound. ``reply_to`` names where the
+    worker announces the reply (the waiting API process's reply channel, filled in by the
+    queue adapter at push time); it is an address, not part of the order, so two requests
+    that differ only in it are equal. None in older payloads: the reply is still written and
+    found by the waiter's own look at the reply list.
     """
 
     request_id: str
@@ -270,6 +274,7 @@ class OrderRequest:
     broker_name: str | None = None
     credentials_ref: str | None = None
     log_request_id: str | None = None
+    reply_to: str | None = attrs.field(default=None, eq=False)
 
     @property
     def instruction(self) -> Instruction:

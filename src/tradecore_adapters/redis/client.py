@@ -159,6 +159,11 @@ class Wakeups:
         self._watchers.setdefault(name, set()).add(event)
         return event
 
+    @property
+    def watched(self) -> int:
+        """Names with at least one watcher now."""
+        return len(self._watchers)
+
     def unwatch(self, name: str, event: asyncio.Event) -> None:
         events = self._watchers.get(name)
         if events is not None:

@@ -5,9 +5,9 @@ Decimals travel as strings (``str(Decimal)``, so ``1.50`` stays ``1.50``), datet
 deterministic, so re-encoding a decoded value gives the same text: the queue finds a stored
 entry again by its text. A naive datetime cannot be encoded (ValueError).
 
-An OrderRequest's ``broker_name``, ``credentials_ref`` and ``log_request_id`` are left out while
-they are None, so a payload queued before the fields existed decodes (to None) and re-encodes to
-its original text.
+An OrderRequest's ``broker_name``, ``credentials_ref``, ``log_request_id`` and ``reply_to`` are
+left out while they are None, so a payload queued before the fields existed decodes (to None)
+and re-encodes to its original text.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ _converter.register_unstructure_hook(
         broker_name=override(omit_if_default=True),
         credentials_ref=override(omit_if_default=True),
         log_request_id=override(omit_if_default=True),
+        reply_to=override(omit_if_default=True),
     ),
 )
 

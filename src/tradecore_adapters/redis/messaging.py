@@ -10,20 +10,27 @@ Keys (specification, "Internal messages", plus auxiliaries under the same prefix
 * ``trading:user:{user_id}:processing`` - the in-flight list: ``take`` moves a request there
   with LMOVE and only ``complete`` removes it, so a worker crash loses nothing;
 * ``trading:response:{request_id}`` - the reply list, one entry, expiring after 60 s;
+* ``trading:replies:{process}`` - a waiting process's reply channel: ``complete`` publishes
+  the request id there (the request's ``reply_to``) in the same script that writes the reply;
 * ``worker-control.fifo`` - the start-request list, and ``worker-control.fifo:pending`` the
   set that deduplicates it while a user's request is pending.
 
 Pushes publish the user id on the channel ``trading:user:requests:pushed`` in the same script,
 which wakes the user's waiting ``take`` in whichever host serves it: an idle worker holds no
-connection, so a host runs thousands of them on a handful of sockets.
+connection, so a host runs thousands of them on a handful of sockets. Replies go the same way
+back: each queue instance (one per API process) listens on its own reply channel with one
+connection, whatever the number of requests waiting, and the reply list stays the durable
+record that a waiter reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Mapping
 
+import attrs
 from redis.asyncio import Redis
 
 from tradecore.orders import OrderRequest, OrderResult
@@ -41,6 +48,7 @@ REPLY_TTL_S = 60.0
 """A reply nobody collected is dropped after this long (the API waits at most 30 s)."""
 
 PUSHED_CHANNEL = "trading:user:requests:pushed"
+REPLY_CHANNEL_PREFIX = "trading:replies:"
 CONTROL_KEY = "worker-control.fifo"
 CONTROL_PENDING_KEY = "worker-control.fifo:pending"
 
@@ -90,13 +98,33 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
-# KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload.
-# Replace the reply (a list of one), set its TTL, and drop the request from the in-flight list.
+# KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload, request
+# id. Replace the reply (a list of one), set its TTL, drop the request from the in-flight list,
+# and publish the request id on the request's reply channel, if it names one. The codec writes
+# reply_to last: an addressed payload is the bare one with ',"reply_to":"..."' before its
+# closing brace (a quote inside a JSON string is escaped, so no other field can end that way).
+# The in-flight entry is found by its text; failing that (the caller's copy and the entry
+# differ in their address only), by its bare text, with or without an address.
 _COMPLETE = """
 redis.call('DEL', KEYS[1])
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('LREM', KEYS[2], 1, ARGV[3])
+local suffix = ',"reply_to":"([^"]*)"}$'
+local channel = string.match(ARGV[3], suffix)
+if redis.call('LREM', KEYS[2], 1, ARGV[3]) == 0 then
+  local bare = string.gsub(ARGV[3], suffix, '}')
+  local stem = string.sub(bare, 1, -2)
+  for _, entry in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local address = string.sub(entry, 1, #stem) == stem
+      and string.match(string.sub(entry, #stem + 1), '^' .. suffix)
+    if entry == bare or address then
+      redis.call('LREM', KEYS[2], 1, entry)
+      channel = channel or address or nil
+      break
+    end
+  end
+end
+if channel then redis.call('PUBLISH', channel, ARGV[4]) end
 return 1
 """
 
@@ -200,32 +228,45 @@ return user
 class RedisOrderQueue:
     """OrderQueue on Redis (keys in the module docstring).
 
-    ``push`` appends only while the user's mark exists, in one script; ``take`` moves the
-    oldest request to the in-flight list (LMOVE) and waits for a push through ``Wakeups``
-    without holding a connection; ``complete`` replaces the reply, sets its TTL and drops the
-    request from the in-flight list in one script (one round trip, atomic); ``wait_result``
-    is a blocking pop bounded by its timeout. Raises KeyValueStoreUnavailable.
+    ``push`` and ``park`` address a request without ``reply_to`` to this instance's reply
+    channel; ``push`` appends only while the user's mark exists, in one script; ``take``
+    moves the oldest request to the in-flight list (LMOVE) and waits for a push through
+    ``Wakeups`` without holding a connection; ``complete`` replaces the reply, sets its TTL,
+    drops the request from the in-flight list and publishes the request id on its
+    ``reply_to`` channel in one script (one round trip, atomic); ``wait_result`` watches its
+    request id on the reply channel (``replies``, one connection for every waiter), then
+    pops the reply list once, again at each notification or reconnection of the listener,
+    and once more at its timeout: a lost notification delays a reply to the timeout, never
+    loses it. Raises KeyValueStoreUnavailable.
     """
 
-    def __init__(self, connections: RedisConnections, wakeups: Wakeups | None = None) -> None:
+    def __init__(
+        self,
+        connections: RedisConnections,
+        wakeups: Wakeups | None = None,
+        replies: Wakeups | None = None,
+    ) -> None:
         self._client = connections.commands
-        self._blocking = connections.blocking
-        self._grace_s = connections.grace_s
         self._wakeups = wakeups or Wakeups(connections.commands, PUSHED_CHANNEL)
+        self._replies = replies or Wakeups(
+            connections.commands, REPLY_CHANNEL_PREFIX + uuid.uuid4().hex
+        )
         self._push = self._client.register_script(_PUSH)
         self._park = self._client.register_script(_PARK)
         self._complete = self._client.register_script(_COMPLETE)
 
     async def aclose(self) -> None:
-        """Stop listening for pushes (the clients stay open: their owner closes them)."""
+        """Stop listening for pushes and replies (the clients stay open: their owner closes
+        them); a reply still awaited is looked for once more and found closed."""
         await self._wakeups.aclose()
+        await self._replies.aclose()
 
     async def push(self, request: OrderRequest) -> bool:
         user = request.user_id
         with unavailable_on_failure("push"):
             pushed = await self._push(
                 keys=[mark_key(user), requests_key(user)],
-                args=[encode_request(request), self._wakeups.channel, user],
+                args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
             )
         return bool(int(pushed))
 
@@ -234,21 +275,35 @@ class RedisOrderQueue:
         with unavailable_on_failure("park"):
             await self._park(
                 keys=[requests_key(user)],
-                args=[encode_request(request), self._wakeups.channel, user],
+                args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
             )
 
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
-        key = response_key(request_id)
-        raw: str | bytes | None
-        with unavailable_on_failure("wait for a reply"):
-            if timeout_s <= 0:
-                raw = await self._client.lpop(key)  # type: ignore[assignment]  # one element
-            else:
-                block_s = max(timeout_s, _MIN_BLOCK_S)
-                async with asyncio.timeout(block_s + self._grace_s):
-                    popped = await self._blocking.blpop([key], timeout=block_s)
-                raw = None if popped is None else popped[1]
-        return None if raw is None else decode_result(raw)
+        if timeout_s <= 0:
+            return await self._pop_reply(request_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # Watch before the first look, so a reply published after the look still wakes us.
+        event = self._replies.watch(request_id)
+        try:
+            while True:
+                event.clear()
+                result = await self._pop_reply(request_id)
+                if result is not None:
+                    return result
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await event.wait()
+        finally:
+            self._replies.unwatch(request_id, event)
+
+    @property
+    def waiting_replies(self) -> int:
+        """Request ids with a ``wait_result`` in progress in this process."""
+        return self._replies.watched
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
         if timeout_s <= 0:
@@ -278,7 +333,12 @@ class RedisOrderQueue:
         with unavailable_on_failure("complete"):
             await self._complete(
                 keys=[response_key(request.request_id), processing_key(request.user_id)],
-                args=[encode_result(result), _ms(REPLY_TTL_S), encode_request(request)],
+                args=[
+                    encode_result(result),
+                    _ms(REPLY_TTL_S),
+                    encode_request(request),
+                    request.request_id,
+                ],
             )
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
@@ -304,6 +364,20 @@ class RedisOrderQueue:
             lengths = [int(n) for n in await pipe.execute()] if chosen else []
         depths = (QueueDepth(u, lengths[2 * i], lengths[2 * i + 1]) for i, u in enumerate(chosen))
         return [d for d in depths if d.waiting or d.in_flight]
+
+    def _addressed(self, request: OrderRequest) -> OrderRequest:
+        """``request`` with this instance's reply channel unless it already names one (a
+        request handed over again keeps its waiter's address)."""
+        if request.reply_to is not None:
+            return request
+        return attrs.evolve(request, reply_to=self._replies.channel)
+
+    async def _pop_reply(self, request_id: str) -> OrderResult | None:
+        with unavailable_on_failure("wait for a reply"):
+            raw: str | bytes | None = await self._client.lpop(  # type: ignore[assignment]
+                response_key(request_id)
+            )  # one element: LPOP without a count
+        return None if raw is None else decode_result(raw)
 
     async def _move_oldest(self, user_id: str) -> OrderRequest | None:
         with unavailable_on_failure("take"):
