@@ -68,6 +68,7 @@ __all__ = [
     "kv",
     "order_request",
     "order_result",
+    "pubsub_listeners",
     "redis_client",
     "redis_connections",
     "redis_url",
@@ -301,3 +302,24 @@ async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KvHarness]:
     yield harness
     await harness.aclose()
     await connections.aclose()
+
+
+async def pubsub_listeners(
+    client: Redis, *, exclude: set[str] | frozenset[str] = frozenset(), rounds: int = 300
+) -> list[str]:
+    """The ids of the test database's pub/sub listeners not in ``exclude``, once there is one
+    (at most ``rounds`` looks, 10 ms apart). Channels are server-wide, so listeners of other
+    databases (other processes sharing the server) are left out, and left alone."""
+    db = int(client.connection_pool.connection_kwargs.get("db", 0))
+    ids: list[str] = []
+    for _ in range(rounds):
+        listeners = await client.client_list(_type="pubsub")
+        ids = [
+            c["id"]
+            for c in listeners
+            if int(c["db"]) == db and int(c["sub"]) > 0 and c["id"] not in exclude
+        ]
+        if ids:
+            return ids
+        await asyncio.sleep(0.01)
+    return ids

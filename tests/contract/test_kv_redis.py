@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis import exceptions as rx
 from redis.asyncio import Redis
-from redis_fixtures import fill_task, order_request, order_result
+from redis_fixtures import fill_task, order_request, order_result, pubsub_listeners
 
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.limits import RATE_KEY_TTL_S
@@ -436,40 +436,19 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     directory = RedisWorkerDirectory(redis_connections)
     assert await directory.acquire("u1", "h1", 30) is not None
     # listeners of other test runs on this database are not ours to count or kill
-    others = set(await _subscribers(client, rounds=1))
+    others = set(await pubsub_listeners(client, rounds=1))
     # Below the take's own re-check interval: only a wake-up can deliver within it.
     first = asyncio.create_task(queue.take("u1", 3))
-    (listener,) = await _subscribers(client, exclude=others)
+    (listener,) = await pubsub_listeners(client, exclude=others)
     assert await client.client_kill_filter(_id=listener) == 1
     assert await queue.push(order_request("r1"))
     assert await first == order_request("r1")
-    assert len(await _subscribers(client, exclude=others | {listener})) == 1
+    assert len(await pubsub_listeners(client, exclude=others | {listener})) == 1
     second = asyncio.create_task(queue.take("u1", 3))
     await asyncio.sleep(0.01)
     assert await queue.push(order_request("r2"))
     assert await second == order_request("r2")
     await queue.aclose()
-
-
-async def _subscribers(
-    client: Redis, *, exclude: set[str] | frozenset[str] = frozenset(), rounds: int = 200
-) -> list[str]:
-    """The ids of the test database's pub/sub listeners, once there is one (bounded rounds).
-    Channels are server-wide, so listeners of other databases (other processes sharing the
-    server) are left out, and left alone."""
-    db = int(client.connection_pool.connection_kwargs.get("db", 0))
-    ids: list[str] = []
-    for _ in range(rounds):
-        listeners = await client.client_list(_type="pubsub")
-        ids = [
-            c["id"]
-            for c in listeners
-            if int(c["db"]) == db and int(c["sub"]) > 0 and c["id"] not in exclude
-        ]
-        if ids:
-            return ids
-        await asyncio.sleep(0.01)
-    return ids
 
 
 def test_decimals_keep_their_digits_and_exponent() -> None:

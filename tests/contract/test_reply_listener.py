@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 from redis.asyncio import Redis
-from redis_fixtures import order_request, order_result
+from redis_fixtures import order_request, order_result, pubsub_listeners
 
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.orders import OrderRequest
@@ -57,26 +57,6 @@ async def _database_clients(client: Redis) -> int:
     return sum(1 for c in await client.client_list() if int(c["db"]) == db)
 
 
-async def _subscribers(
-    client: Redis, exclude: frozenset[str] = frozenset(), rounds: int = _ROUNDS
-) -> list[str]:
-    """The ids of the test database's pub/sub connections not in ``exclude``, once there is
-    one (bounded rounds); other databases' listeners are other processes', left alone."""
-    db = int(client.connection_pool.connection_kwargs.get("db", 0))
-    ids: list[str] = []
-    for _ in range(rounds):
-        listeners = await client.client_list(_type="pubsub")
-        ids = [
-            c["id"]
-            for c in listeners
-            if int(c["db"]) == db and int(c["sub"]) > 0 and c["id"] not in exclude
-        ]
-        if ids:
-            return ids
-        await asyncio.sleep(_ROUND_S)
-    return ids
-
-
 async def _handed_over(
     queue: RedisOrderQueue, directory: RedisWorkerDirectory, request_ids: list[str]
 ) -> list[OrderRequest]:
@@ -101,7 +81,7 @@ async def test_many_waiters_share_one_listener_connection(
 
     waiters = [asyncio.create_task(queue.wait_result(rid, LONG_WAIT_S)) for rid in rids]
     await _until(lambda: queue.waiting_replies == WAITERS, "every waiter registered")
-    await _subscribers(redis_client)
+    await pubsub_listeners(redis_client)
     during = await _database_clients(redis_client)
 
     # The pool (of which the listener holds one) bounds the connections, not the waiters.
@@ -134,7 +114,7 @@ async def test_a_lost_notification_still_delivers_the_reply_at_the_timeout(
     request = attrs.evolve(order_request("r1"), reply_to="trading:replies:nobody")
     waiter = asyncio.create_task(queue.wait_result("r1", 1.0))
     await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
-    assert await _subscribers(redis_client)
+    assert await pubsub_listeners(redis_client)
     await asyncio.sleep(0.05)  # past the waiter's first look and the subscription's wake-up
     await queue.complete(request, order_result(request))
     assert await waiter == order_result(request)
@@ -148,16 +128,16 @@ async def test_a_killed_listener_reconnects_and_the_waiter_still_gets_its_reply(
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
     first, second = await _handed_over(queue, directory, ["r1", "r2"])
-    others = frozenset(await _subscribers(redis_client, rounds=1))
+    others = frozenset(await pubsub_listeners(redis_client, rounds=1))
     waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
-    (listener,) = await _subscribers(redis_client, exclude=others)
+    (listener,) = await pubsub_listeners(redis_client, exclude=others)
     assert await redis_client.client_kill_filter(_id=listener) == 1
     # Published while the listener may be away: the reconnection makes the waiter look.
     await queue.complete(first, order_result(first))
     async with asyncio.timeout(10):
         assert await waiter == order_result(first)
 
-    assert len(await _subscribers(redis_client, exclude=others | {listener})) == 1
+    assert len(await pubsub_listeners(redis_client, exclude=others | {listener})) == 1
     waiter = asyncio.create_task(queue.wait_result("r2", LONG_WAIT_S))
     await _until(lambda: queue.waiting_replies == 1, "the second waiter registered")
     await queue.complete(second, order_result(second))
