@@ -87,11 +87,17 @@ async def webhook_order(request: web.Request) -> web.Response:
 
 
 def _dashboard_order(document: dict[str, Any], body: bytes) -> DashboardOrder | str:
-    """The order of a ``POST /trading/order`` body, or why it is invalid. ``action``,
-    ``symbol``, ``quantity`` and ``order_type`` follow the webhook parser's strict rules."""
+    """The order of a ``POST /trading/order`` body, or why it is invalid."""
     account_id = document.get("trading_account_id")
     if not isinstance(account_id, str) or not 1 <= len(account_id) <= 100:
         return "trading_account_id is required and must be a string"
+    return checked_order(account_id, body)
+
+
+def checked_order(account_id: str, body: bytes) -> DashboardOrder | str:
+    """The order for ``account_id`` whose ``action``, ``symbol``, ``quantity`` and
+    ``order_type`` are in the JSON ``body``, checked by the webhook parser's strict rules
+    (the API's and the dashboard form's one way), or why it is invalid."""
     payload = parse_webhook_body(body, simulation=True)
     if isinstance(payload, PayloadInvalid):
         return "Invalid order: " + "; ".join(payload.errors)

@@ -25,12 +25,11 @@ from tradecore.services.orders.dashboard_order import DashboardOrder
 from tradecore.services.orders.outcomes import Accepted, OrderOutcome, Queued
 from tradecore.services.vocabulary import Principal, Rejected
 from tradecore.webhooks.canonical import as_utc
-from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 from tradecore_adapters.http import charts, ui
 from tradecore_adapters.http.middlewares import ACCESS_COOKIE
 from tradecore_adapters.http.problems import Problem
 from tradecore_adapters.http.routes.auth import clear_session_cookies, set_session_cookies
-from tradecore_adapters.http.routes.orders import decode_cursor, encode_cursor
+from tradecore_adapters.http.routes.orders import checked_order, decode_cursor, encode_cursor
 from tradecore_adapters.http.state import CONFIG, SERVICES, request_context
 
 HISTORY_PAGE = 20
@@ -421,16 +420,7 @@ def _manual_order(form: Mapping[str, str]) -> DashboardOrder | str:
         "quantity": form.get("quantity", "").strip(),
         "order_type": form.get("order_type") or "entry",
     }
-    payload = parse_webhook_body(json.dumps(document).encode(), simulation=True)
-    if isinstance(payload, PayloadInvalid):
-        return "Invalid order: " + "; ".join(payload.errors)
-    return DashboardOrder(
-        trading_account_id=account_id,
-        symbol=payload.symbol,
-        action=payload.action,
-        quantity=payload.quantity,
-        order_type=payload.order_type,
-    )
+    return checked_order(account_id, json.dumps(document).encode())
 
 
 @routes.post("/ui/order", name="ui.order_post")
