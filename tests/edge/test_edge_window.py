@@ -7,25 +7,20 @@ ends well inside it."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
 import pytest
-from edge_harness import LOGIN_LIMIT, EdgeStack, missing_prerequisites
+from edge_harness import LOGIN_LIMIT, EdgeStack
 
 WINDOW_S = 5
 REFUSED = "3-login-rate-limit"
 
 
 @pytest.fixture(scope="module")
-def short_window_edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeStack]:
-    missing = missing_prerequisites()
-    if missing:
-        reason = "the edge tests need " + ", ".join(missing)
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason} in CI (CI=true)", pytrace=False)
-        pytest.skip(reason)
+def short_window_edge(
+    tmp_path_factory: pytest.TempPathFactory, edge_packages: None
+) -> Iterator[EdgeStack]:
     stack = EdgeStack(tmp_path_factory.mktemp("edge-window"), login_window_s=WINDOW_S)
     try:
         yield stack

@@ -4,7 +4,6 @@ and bearer token, an API key, and broker credentials in a failed verification.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,20 +11,10 @@ from http_support import PASSWORD, Session, login
 from log_support import bearer_token, served
 
 from log_capture import FORMATS, captured_logs
-from tradecore.log_fields import LogFields, start_log_fields
 from tradecore_entrypoints.logs import LogFormat
 
 CREDENTIALS = {"api_key": "AKIA-log-key-4242", "api_secret": "hush-log-secret-1618"}
 SIGNATURE = "5f2b8e0c0ffee1d2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f80912"
-
-
-@pytest.fixture(autouse=True)
-def no_bound_ids() -> Iterator[None]:
-    """Nothing bound before or after a test: synchronous tests share the main context, and
-    ids left bound there would reach the orders later tests queue."""
-    start_log_fields(LogFields())
-    yield
-    start_log_fields(LogFields())
 
 
 def assert_absent(text: str, secrets: list[str]) -> None:

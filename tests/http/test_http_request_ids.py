@@ -4,26 +4,15 @@ every log line of the request; an order followed by its ids from the webhook to 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from http_support import Env
 from log_support import bearer_token, served
 
 from log_capture import FORMATS, captured_logs
-from tradecore.log_fields import LogFields, start_log_fields
 from tradecore_entrypoints.logs import LogFormat
 
 MADE = re.compile(r"[0-9a-f]{32}")
-
-
-@pytest.fixture(autouse=True)
-def no_bound_ids() -> Iterator[None]:
-    """Nothing bound before or after a test: synchronous tests share the main context, and
-    ids left bound there would reach the orders later tests queue."""
-    start_log_fields(LogFields())
-    yield
-    start_log_fields(LogFields())
 
 
 async def test_a_valid_incoming_request_id_is_returned(env: Env) -> None:

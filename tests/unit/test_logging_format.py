@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -31,15 +30,6 @@ log = logging.getLogger("tradecore.test.logging")
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-@pytest.fixture(autouse=True)
-def no_bound_ids() -> Iterator[None]:
-    """Nothing bound before or after a test: synchronous tests share the main context, and
-    ids left bound there would reach the orders later tests queue."""
-    start_log_fields(LogFields())
-    yield
-    start_log_fields(LogFields())
 
 
 def test_a_json_line_leads_with_time_level_logger_message_and_the_bound_ids() -> None:

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import structlog
 
 from log_capture import FORMATS, captured_logs
-from tradecore.log_fields import LogFields, start_log_fields
 from tradecore_entrypoints.log_redaction import REDACTED, redact_text
 from tradecore_entrypoints.logs import LogFormat
 
@@ -25,15 +23,6 @@ SESSION_COOKIE = "cookievalue-Zz9"
 CSRF = "csrf-value-Qq7"
 
 SECRETS = (WEBHOOK_TOKEN, PASSWORD, JWT, API_KEY, BROKER_SECRET, SESSION_COOKIE, CSRF)
-
-
-@pytest.fixture(autouse=True)
-def no_bound_ids() -> Iterator[None]:
-    """Nothing bound before or after a test: synchronous tests share the main context, and
-    ids left bound there would reach the orders later tests queue."""
-    start_log_fields(LogFields())
-    yield
-    start_log_fields(LogFields())
 
 
 def assert_no_secret(text: str) -> None:
