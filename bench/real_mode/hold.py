@@ -22,22 +22,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--apis", type=int, default=1, help="API processes")
+    parser.add_argument("--workers", type=int, default=1, help="worker hosts")
     args = parser.parse_args()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    stack = Stack(Path(tempfile.mkdtemp(prefix="tradecore-hold-")))
+    stack = Stack(
+        Path(tempfile.mkdtemp(prefix="tradecore-hold-")), apis=args.apis, workers=args.workers
+    )
     try:
         stack.create()
         documents = asyncio.run(stack.provision(args.users))
         stack.start_api()
         stack.start_worker()
-        assert stack.api is not None and stack.worker is not None
         dump(
             args.out,
             {
                 **stack.describe(),
-                "pids": {"api": stack.api.pid, "worker": stack.worker.pid},
+                "pids": stack.pids(),
                 "logs": str(stack.workdir),
                 "accounts": documents,
             },

@@ -16,7 +16,11 @@ with a verified paper account each plus ``--cold`` users kept for cold activatio
   OrderResult), one at a time.
 * ``memory``: a fresh worker process; ``--memory-users`` users each send one order (each
   starts a worker that then stays idle); after ``--idle`` s the worker process's VmRSS from
-  /proc/PID/status, and its CPU while idle.
+  /proc/PID/status, and its CPU while idle (always one worker host).
+
+``--apis N --workers M`` start N API processes and M worker hosts that share the users (user
+``i`` sends to API ``i % N``; the hosts share the users through their leases); the CPU of each
+process is reported under its own name (``api1``, ``worker2``...).
 
 Everything is removed at the end (processes, database, Redis database), also on Ctrl-C.
 Results: ``bench/real_mode/results/run<N>-<time>.json`` and a summary on stdout.
@@ -190,13 +194,13 @@ async def count_active(users: list[load.Account]) -> int:
 
 
 def pids(stack: Stack) -> dict[str, int]:
-    assert stack.api is not None and stack.worker is not None
-    return {"api": stack.api.pid, "worker": stack.worker.pid}
+    assert stack.apis and stack.workers
+    return stack.pids()
 
 
 def one_run(args: argparse.Namespace, number: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="tradecore-bench-"))
-    stack = Stack(workdir)
+    stack = Stack(workdir, apis=args.apis, workers=args.workers)
     report: dict[str, Any] = {
         "run": number,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -222,12 +226,10 @@ def one_run(args: argparse.Namespace, number: int) -> dict[str, Any]:
             report["cold"] = phase_cold(args, stack, cold)
         if "memory" in args.phases:
             report["memory"] = phase_memory(args, stack, accounts)
-        for process in (stack.api, stack.worker):
-            if process is not None and not process.running():
+        for process in stack.processes():
+            if not process.running():
                 report.setdefault("crashed", []).append(process.name)
-        report["logs"] = {
-            p.name: p.tail(10) for p in (stack.api, stack.worker) if p is not None and p.tail(10)
-        }
+        report["logs"] = {p.name: p.tail(10) for p in stack.processes() if p.tail(10)}
     finally:
         stack.close()
     return report
@@ -320,6 +322,8 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds before reading RSS")
     parser.add_argument("--quiet-wait", type=float, default=120.0)
     parser.add_argument("--label", default="run")
+    parser.add_argument("--apis", type=int, default=1, help="API processes")
+    parser.add_argument("--workers", type=int, default=1, help="worker hosts")
     args = parser.parse_args()
 
     # SIGTERM ends the run through the same cleanup as Ctrl-C.

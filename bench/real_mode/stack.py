@@ -1,7 +1,9 @@
 """The real-mode stack for the benchmark: a throwaway Postgres database, a dedicated Redis
 database, provisioned users, and ``tradecore serve`` / ``tradecore worker`` as separate
-processes. Everything it creates is removed by ``Stack.close`` (processes ended, database
-dropped, Redis database flushed).
+processes (one of each by default; ``apis`` and ``workers`` start more, sharing the users:
+user ``i``'s webhook URL names API process ``i % apis``, and the worker hosts share the users
+through their leases, as in production). Everything it creates is removed by ``Stack.close``
+(processes ended, database dropped, Redis database flushed).
 
 Loopback only: the admin URL and the Redis URL must point at 127.0.0.1.
 """
@@ -173,16 +175,22 @@ def wait_quiet(max_wait_s: float, *, seconds: int = 3, max_busy_percent: float =
 
 
 class Stack:
-    """The database, the Redis database, the users and the two processes."""
+    """The database, the Redis database, the users and the processes: ``apis`` API processes
+    and ``workers`` worker hosts. ``api`` and ``worker`` are the first of each."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, apis: int = 1, workers: int = 1) -> None:
         _loopback(ADMIN_URL)
         _loopback(REDIS_URL)
+        if apis < 1 or workers < 1:
+            raise SystemExit("at least one API process and one worker host")
         self.workdir = workdir
         self.database = f"tradecore_bench_{secrets.token_hex(4)}"
         self.database_url = urlsplit(ADMIN_URL)._replace(path=f"/{self.database}").geturl()
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.ports = [free_port() for _ in range(apis)]
+        self.base_urls = [f"http://127.0.0.1:{port}" for port in self.ports]
+        self.port = self.ports[0]
+        self.base_url = self.base_urls[0]
+        self.worker_count = workers
         self.env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARIABLES}
         self.env.update(
             DATABASE_URL=self.database_url,
@@ -191,9 +199,29 @@ class Stack:
             ENCRYPTION_KEY=secrets.token_urlsafe(32),
             PUBLIC_BASE_URL=self.base_url,
         )
-        self.api: Process | None = None
-        self.worker: Process | None = None
+        self.apis: list[Process] = []
+        self.workers: list[Process] = []
         self._created = False
+
+    @property
+    def api(self) -> Process | None:
+        return self.apis[0] if self.apis else None
+
+    @property
+    def worker(self) -> Process | None:
+        return self.workers[0] if self.workers else None
+
+    def processes(self) -> list[Process]:
+        return [*self.apis, *self.workers]
+
+    def pids(self) -> dict[str, int]:
+        """Each process's pid by a name: ``api``/``worker`` for one of each, else ``api1``,
+        ``api2``..., ``worker1``... (the CPU meters report one share per name)."""
+        named: dict[str, int] = {}
+        for kind, group in (("api", self.apis), ("worker", self.workers)):
+            for index, process in enumerate(group, start=1):
+                named[kind if len(group) == 1 else f"{kind}{index}"] = process.pid
+        return named
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -228,7 +256,7 @@ class Stack:
                     )
                 return {
                     "user_id": user.id,
-                    "webhook_url": new.webhook_url(self.base_url),
+                    "webhook_url": new.webhook_url(self.base_urls[index % len(self.base_urls)]),
                     "webhook_secret": new.webhook_secret,
                 }
 
@@ -238,47 +266,55 @@ class Stack:
     # -- processes ---------------------------------------------------------------------------
 
     def start_api(self) -> Process:
-        args = [str(TRADECORE), "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.api = Process("api", args, self.env, self.workdir / "api.log")
-        asyncio.run(self._wait_ready())
-        return self.api
+        """Start every API process; the first."""
+        for index, (port, base_url) in enumerate(zip(self.ports, self.base_urls, strict=True)):
+            name = "api" if len(self.ports) == 1 else f"api{index + 1}"
+            args = [str(TRADECORE), "serve", "--host", "127.0.0.1", "--port", str(port)]
+            process = Process(name, args, self.env, self.workdir / f"{name}.log")
+            self.apis.append(process)
+            asyncio.run(self._wait_ready(process, base_url))
+        return self.apis[0]
 
     def start_worker(self) -> Process:
-        self.worker = Process(
-            "worker", [str(TRADECORE), "worker"], self.env, self.workdir / "worker.log"
-        )
+        """Start every worker host; the first."""
+        for index in range(self.worker_count):
+            name = "worker" if self.worker_count == 1 else f"worker{index + 1}"
+            args = [str(TRADECORE), "worker"]
+            self.workers.append(Process(name, args, self.env, self.workdir / f"{name}.log"))
         time.sleep(1.0)  # opening the pool and Redis takes well under a second
-        if not self.worker.running():
-            raise SystemExit(f"worker exited:\n{self.worker.tail()}")
-        return self.worker
+        for process in self.workers:
+            if not process.running():
+                raise SystemExit(f"{process.name} exited:\n{process.tail()}")
+        return self.workers[0]
 
     def restart_worker(self) -> Process:
-        if self.worker is not None:
-            self.worker.stop()
+        """Stop every worker host, then start one (the memory phase measures one process)."""
+        for process in self.workers:
+            process.stop()
+        self.workers.clear()
+        self.worker_count = 1
         return self.start_worker()
 
-    async def _wait_ready(self) -> None:
-        assert self.api is not None
+    async def _wait_ready(self, api: Process, base_url: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                if not self.api.running():
-                    raise SystemExit(f"api exited:\n{self.api.tail()}")
+                if not api.running():
+                    raise SystemExit(f"{api.name} exited:\n{api.tail()}")
                 with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with session.get(f"{self.base_url}/health/ready") as response:
+                    async with session.get(f"{base_url}/health/ready") as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(0.1)
-        raise SystemExit(f"api not ready within {START_TIMEOUT_S} s:\n{self.api.tail()}")
+        raise SystemExit(f"{api.name} not ready within {START_TIMEOUT_S} s:\n{api.tail()}")
 
     # -- teardown ----------------------------------------------------------------------------
 
     def close(self) -> None:
         """End the processes, drop the database, flush the Redis database. Idempotent."""
-        for process in (self.api, self.worker):
-            if process is not None:
-                with contextlib.suppress(Exception):
-                    process.stop()
+        for process in self.processes():
+            with contextlib.suppress(Exception):
+                process.stop()
         if self._created:
             with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
                 conn.execute(
@@ -300,7 +336,13 @@ class Stack:
             client.close()
 
     def describe(self) -> dict[str, Any]:
-        return {"database": self.database, "redis_url": REDIS_URL, "base_url": self.base_url}
+        return {
+            "database": self.database,
+            "redis_url": REDIS_URL,
+            "base_url": self.base_url,
+            "base_urls": self.base_urls,
+            "workers": len(self.workers),
+        }
 
 
 def dump(path: Path, data: Any) -> None:
