@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
@@ -23,6 +24,11 @@ from aiohttp import web
 from tradecore.errors import StoreUnavailable
 from tradecore_adapters.http import runner_options
 from tradecore_adapters.postgres import migrate
+from tradecore_adapters.postgres.partitions import (
+    PartitioningMissing,
+    Retention,
+    maintain_partitions,
+)
 from tradecore_entrypoints.admin import (
     admin_create_account,
     admin_create_user,
@@ -139,11 +145,75 @@ def migrate_command() -> None:
         if settings.database_url is None:
             raise ConfigError("DATABASE_URL is required for migrate")
         applied = asyncio.run(migrate(settings.database_url))
+        # the months ahead too (never a drop), so every deployment has them
+        ahead = asyncio.run(maintain_partitions(settings.database_url, now=datetime.now(UTC)))
     except ConfigError as e:
         _fail(str(e))
     except StoreUnavailable as e:  # its text already says "database unavailable: <cause>"
         _fail(f"{e}; check that PostgreSQL runs and DATABASE_URL points at it")
-    click.echo(json.dumps({"applied": applied}))
+    click.echo(json.dumps({"applied": applied, "partitions_created": list(ahead.created)}))
+
+
+AUDIT_RETENTION_ENV = "TRADECORE_AUDIT_RETENTION_MONTHS"
+ORDER_RETENTION_ENV = "TRADECORE_ORDER_RETENTION_MONTHS"
+DEFAULT_AUDIT_RETENTION = "24"
+DEFAULT_ORDER_RETENTION = "forever"
+
+
+class _Months(click.ParamType[int | None, Any]):
+    """A retention: whole months (at least 1), or ``forever``."""
+
+    name = "months"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "forever":
+            return None
+        if not text.isdigit() or int(text) < 1:
+            self.fail(f"{value!r} is neither a number of months (1 or more) nor 'forever'")
+        return int(text)
+
+
+@main.command("partitions")
+@click.option(
+    "--audit-keep-months",
+    type=_Months(),
+    envvar=AUDIT_RETENTION_ENV,
+    default=DEFAULT_AUDIT_RETENTION,
+    show_default=True,
+    help=f"Whole months of audit log kept, or 'forever' (env {AUDIT_RETENTION_ENV}).",
+)
+@click.option(
+    "--orders-keep-months",
+    type=_Months(),
+    envvar=ORDER_RETENTION_ENV,
+    default=DEFAULT_ORDER_RETENTION,
+    show_default=True,
+    help=f"Whole months of order history kept, or 'forever' (env {ORDER_RETENTION_ENV}).",
+)
+def partitions_command(audit_keep_months: int | None, orders_keep_months: int | None) -> None:
+    """Create the coming months' partitions of order_history and audit_logs and drop the
+    months past retention (docs/operations.md, "Partitions and retention"). Idempotent;
+    concurrent runs take turns. Prints what it did as one JSON line."""
+    try:
+        settings = Settings.from_env()
+        if settings.database_url is None:
+            raise ConfigError("DATABASE_URL is required for partitions")
+        retention = Retention(order_history=orders_keep_months, audit_logs=audit_keep_months)
+        done = asyncio.run(
+            maintain_partitions(settings.database_url, now=datetime.now(UTC), retention=retention)
+        )
+    except ConfigError as e:
+        _fail(str(e))
+    except PartitioningMissing as e:
+        _fail(str(e))
+    except StoreUnavailable as e:
+        _fail(f"{e}; nothing was changed in the step that failed: run again")
+    click.echo(json.dumps(done.as_json()))
 
 
 @main.command()

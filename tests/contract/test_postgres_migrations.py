@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,9 @@ import psycopg
 import pytest
 
 from tradecore.accounts import TradingAccount
-from tradecore.errors import DatabaseUnavailable
+from tradecore.audit import AuditAction, AuditEntry, RequestContext
+from tradecore.audit_chain import first_break
+from tradecore.errors import DatabaseUnavailable, DuplicateOrder
 from tradecore.identity import Plan, User
 from tradecore.order_lifecycle import Submitted
 from tradecore.orders import (
@@ -28,6 +30,7 @@ from tradecore.orders import (
 )
 from tradecore_adapters.postgres import (
     Pool,
+    PostgresAuditLog,
     PostgresOrderHistory,
     PostgresTradingAccountRepository,
     PostgresUserRepository,
@@ -51,6 +54,8 @@ TABLES = {
     "password_reset_tokens",
     "documents",
     "schema_migrations",
+    "order_keys",
+    "audit_chain_anchor",
 }
 
 
@@ -137,7 +142,8 @@ async def test_hot_queries_have_their_indexes(pg_pool: Pool) -> None:
         )
         indexes: dict[str, str] = dict(await cursor.fetchall())
     assert "UNIQUE" in indexes["trading_accounts_webhook_token"]
-    fingerprint = indexes["order_history_fingerprint"]
+    # 0010: the replay backstop moved to the unpartitioned order_keys (one index for all months)
+    fingerprint = indexes["order_keys_fingerprint"]
     assert "UNIQUE" in fingerprint and "(user_id, fingerprint)" in fingerprint
     assert "WHERE (fingerprint IS NOT NULL)" in fingerprint
     assert "(user_id, created_at DESC" in indexes["order_history_by_user"]
@@ -287,3 +293,135 @@ def test_migrate_against_an_unreachable_database_says_so_once() -> None:
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.count("database unavailable") == 1
     assert "pw-not-shown" not in done.stderr
+
+
+async def _insert_0009_rows(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Orders on both sides of a month boundary and in another year, and sealed audit
+    entries, written with the 0009 schema."""
+    await conn.execute(
+        "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
+        " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
+    )
+    await conn.execute(
+        "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
+        " webhook_secret_hash, created_at, max_request_age, max_quantity)"
+        " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
+    )
+    for order_id, created_at, fingerprint in (
+        ("o1", "2025-01-31 23:59:59+00", "fp-1"),
+        ("o2", "2025-02-01 00:00:01+00", "fp-2"),
+        ("o3", "2024-07-15 12:00:00+00", None),
+    ):
+        await conn.execute(
+            "INSERT INTO order_history (id, user_id, trading_account_id, broker_name, symbol,"
+            " action, quantity, order_type, source, simulation, status, created_at,"
+            " request_id, fingerprint) VALUES (%s, 'u1', 'a1', 'paper', 'BTCUSDT', 'buy',"
+            " 1.50, 'entry', 'webhook', false, 'filled', %s, %s, %s)",
+            (order_id, created_at, f"r-{order_id}", fingerprint),
+        )
+
+
+async def test_0010_partitions_the_rows_of_0009_and_keeps_every_guarantee(
+    fresh_pg_database: str,
+) -> None:
+    earlier = [(n, t) for n, t in migration_files() if n < "0010"]
+    async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (name text PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for name, text in earlier:
+            await conn.execute(text.encode())
+            await conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (name,))
+        await _insert_0009_rows(conn)
+    pool = await open_pool(fresh_pg_database, min_size=1, max_size=2, timeout_s=5.0)
+    try:
+        audit = PostgresAuditLog(pool)
+        for n in range(3):  # sealed through the chain head, ids 1..3
+            await audit.append(_audit_entry(n))
+        before = await audit.chain()
+    finally:
+        await pool.close()
+
+    assert await migrate(fresh_pg_database) == ["0010_monthly_partitions.sql"]
+
+    async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT id, tableoid::regclass::text, quantity, fingerprint FROM order_history"
+            " ORDER BY id"
+        )
+        assert await cursor.fetchall() == [
+            ("o1", "order_history_2025_01", Decimal("1.50"), "fp-1"),
+            ("o2", "order_history_2025_02", Decimal("1.50"), "fp-2"),
+            ("o3", "order_history_2024_07", Decimal("1.50"), None),
+        ]
+        cursor = await conn.execute("SELECT id, user_id, fingerprint FROM order_keys ORDER BY id")
+        assert await cursor.fetchall() == [
+            ("o1", "u1", "fp-1"),
+            ("o2", "u1", "fp-2"),
+            ("o3", "u1", None),
+        ]
+        cursor = await conn.execute("SELECT relkind FROM pg_class WHERE relname = 'audit_logs'")
+        assert await cursor.fetchone() == ("p",)
+        # the CHECKs and foreign keys of 0001-0009 hold on the partitioned table
+        check, foreign_key = psycopg.errors.CheckViolation, psycopg.errors.ForeignKeyViolation
+        refused: list[tuple[str, type[psycopg.Error]]] = [
+            ("UPDATE order_history SET action = 'hold' WHERE id = 'o1'", check),
+            ("UPDATE order_history SET order_type = NULL WHERE id = 'o1'", check),
+            ("UPDATE order_history SET user_id = 'nobody' WHERE id = 'o1'", foreign_key),
+            ("UPDATE audit_logs SET action = 'Bad Name' WHERE id = 1", check),
+            (
+                "INSERT INTO audit_logs (id, action, success, ip_address, user_agent,"
+                " request_path, request_method, created_at)"
+                " VALUES (99, 'login', true, '::1', 'x', '/', 'GET', now())",
+                psycopg.errors.GeneratedAlways,
+            ),
+        ]
+        for statement, error in refused:
+            with pytest.raises(error):
+                await conn.execute(statement.encode())
+
+    pool = await open_pool(fresh_pg_database, min_size=1, max_size=2, timeout_s=5.0)
+    try:
+        audit = PostgresAuditLog(pool)
+        assert await audit.chain() == before
+        # the identity continues after the copied ids, and the chain after the copied seals
+        assert await audit.append(_audit_entry(3)) == 4
+        assert first_break(await audit.chain()) is None
+        orders = PostgresOrderHistory(pool)
+        # a replay of an order copied from 0009 is still refused, in any month
+        with pytest.raises(DuplicateOrder):
+            await orders.add(_copied_order_replay())
+        found = await orders.get("o1")
+        assert found is not None and found.fingerprint == "fp-1"
+    finally:
+        await pool.close()
+
+
+def _audit_entry(n: int) -> AuditEntry:
+    return AuditEntry(
+        user_id="u1",
+        action=AuditAction.LOGIN,
+        success=True,
+        context=RequestContext("203.0.113.9", "curl/8", "/login", "POST"),
+        created_at=datetime(2025, 1, 31, 23, 59, 58, tzinfo=UTC) + timedelta(seconds=n),
+    )
+
+
+def _copied_order_replay() -> OrderHistoryRecord:
+    return OrderHistoryRecord(
+        id="o1-replay",
+        user_id="u1",
+        trading_account_id="a1",
+        broker_name="paper",
+        symbol="BTCUSDT",
+        action=AlertAction.BUY,
+        quantity=Decimal("1.50"),
+        order_type=OrderType.ENTRY,
+        source=Source.WEBHOOK,
+        simulation=False,
+        status=OrderStatus.QUEUED,
+        created_at=datetime(2025, 3, 1, tzinfo=UTC),
+        request_id="r-replay",
+        fingerprint="fp-1",
+    )

@@ -1,4 +1,6 @@
-"""The audit log in Postgres (table ``audit_logs``): ids from an identity column, newest first."""
+"""The audit log in Postgres (table ``audit_logs``, partitioned by month since 0010): ids from
+an identity column, newest first. Retention (``partitions.maintain_partitions``) removes the
+oldest months and records where it cut the chain in ``audit_chain_anchor``."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
+import attrs
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -100,6 +103,17 @@ _APPEND_ONE = (
     )
     .as_string()
 )
+
+
+@attrs.frozen
+class AuditAnchor:
+    """Where retention cut the audit chain: the id and seal of the newest entry it removed
+    (the oldest retained entry carries that seal as its previous seal), and the start of the
+    oldest month kept."""
+
+    last_id: int
+    seal: str
+    retained_from: datetime
 
 
 def stored_entry_from_row(row: Row) -> StoredAuditEntry:
@@ -231,6 +245,15 @@ class PostgresAuditLog:
     async def stored_head(self) -> str:
         """The chain head as stored (the newest seal; GENESIS before the first entry)."""
         return await self._read_head()
+
+    async def retention_anchor(self) -> AuditAnchor | None:
+        """Where retention cut the chain; None while nothing was removed."""
+        row = await fetch_one(
+            self._pool, "SELECT last_id, seal, retained_from FROM audit_chain_anchor"
+        )
+        if row is None:
+            return None
+        return AuditAnchor(int(row["last_id"]), str(row["seal"]), utc(row["retained_from"]))
 
     async def _read_head(self) -> str:
         row = await fetch_one(self._pool, "SELECT seal FROM audit_chain_head")

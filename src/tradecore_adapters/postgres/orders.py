@@ -1,8 +1,13 @@
 """Order history in Postgres: durable intents, compare-and-set transitions, the replay backstop.
 
-The partial unique index ``order_history_fingerprint`` on (user_id, fingerprint) keeps a replayed
-webhook from becoming a second order even when the replay store lost its key; ``add`` turns a
-conflict there into ``DuplicateOrder``. A transition is one ``UPDATE ... WHERE status = ANY``
+``order_history`` is partitioned by month (migration 0010), so its own unique indexes cannot
+span months; every order's keys live in ``order_keys`` (not partitioned) instead. Its partial
+unique index ``order_keys_fingerprint`` on (user_id, fingerprint) keeps a replayed webhook from
+becoming a second order even when the replay store lost its key and the first order is in
+another month; ``add`` writes the key row and the order row in one statement (the order row
+only if the key row went in) and turns a conflict into ``DuplicateOrder``. A lookup by id
+reads the order's ``created_at`` from ``order_keys`` so only its month's partition is probed.
+A transition is one ``UPDATE ... WHERE status = ANY``
 of the statuses the lifecycle table lets the change leave (``order_lifecycle.sources``): of
 concurrent transitions from the same status, exactly one applies.
 
@@ -121,16 +126,32 @@ def order_from_row(row: Row) -> OrderHistoryRecord:
 
 # Query texts are composed once: composing (quoting every identifier) on each call costs more
 # client time than the statement's round trip.
+
+# The key row first: a fingerprint already taken (in any month) inserts no key row, and then
+# no order row either. An id already taken fails the statement, as the primary key did.
 _INSERT = (
     sql.SQL(
-        "INSERT INTO order_history ({columns}) VALUES ({values})"
+        "WITH key AS (INSERT INTO order_keys (id, user_id, created_at, fingerprint)"
+        " VALUES (%(id)s, %(user_id)s, %(created_at)s, %(fingerprint)s)"
         " ON CONFLICT (user_id, fingerprint) WHERE fingerprint IS NOT NULL"
-        " DO NOTHING RETURNING id"
+        " DO NOTHING RETURNING 1)"
+        " INSERT INTO order_history ({columns}) SELECT {values} FROM key RETURNING id"
     )
     .format(
         columns=sql.SQL(", ").join(sql.Identifier(f) for f in _FIELDS),
         values=sql.SQL(", ").join(sql.Placeholder(f) for f in _FIELDS),
     )
+    .as_string()
+)
+
+
+_CREATED_AT = "created_at = order_created_at(%(order_id)s)"
+"""The order's month, for a statement that finds an order by id: ``order_created_at`` (0010)
+reads it from ``order_keys``; being STABLE, it is evaluated as the executor starts, which
+then opens only that month's partition (in a prepared plan too)."""
+_GET = (
+    sql.SQL("SELECT * FROM order_history WHERE id = %(order_id)s AND {}")
+    .format(sql.SQL(_CREATED_AT))
     .as_string()
 )
 
@@ -144,9 +165,10 @@ def _transition_query(fields: tuple[str, ...]) -> str:
     return (
         sql.SQL(
             "UPDATE order_history SET {assignments}"
-            " WHERE id = %(order_id)s AND status = ANY(%(expected)s::text[]) RETURNING *"
+            " WHERE id = %(order_id)s AND {created_at}"
+            " AND status = ANY(%(expected)s::text[]) RETURNING *"
         )
-        .format(assignments=sql.SQL(", ").join(assignments))
+        .format(assignments=sql.SQL(", ").join(assignments), created_at=sql.SQL(_CREATED_AT))
         .as_string()
     )
 
@@ -180,7 +202,7 @@ class PostgresOrderHistory:
             raise DuplicateOrder(record.fingerprint)
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
-        row = await fetch_one(self._pool, "SELECT * FROM order_history WHERE id = %s", (order_id,))
+        row = await fetch_one(self._pool, _GET, {"order_id": order_id})
         return None if row is None else order_from_row(row)
 
     async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
