@@ -34,10 +34,12 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,7 +142,7 @@ def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load
 
 def phase_cold(args: argparse.Namespace, stack: Stack, cold: list[load.Account]) -> Any:
     quiet(args, "cold")
-    lease = asyncio.run(load.lease_acquisition(REDIS_URL, args.cold))
+    lease = asyncio.run(load.lease_acquisition(stack.redis_url, args.cold))
     log(f"lease acquisition: {lease['latency_ms']} missed {lease['not_active_within_5s']}")
     first = asyncio.run(load.cold_orders(cold))
     log(f"cold first order: {first['latency_ms']} {first['outcomes']}")
@@ -156,7 +158,7 @@ def phase_memory(args: argparse.Namespace, stack: Stack, accounts: list[load.Acc
     primed = asyncio.run(load.prime(users, 32))
     seconds = time.monotonic() - started
     log(f"memory: {len(users)} first orders in {seconds:.1f} s {primed['outcomes']}")
-    active = asyncio.run(count_active(users))
+    active = asyncio.run(count_active(stack.redis_url, users))
     time.sleep(args.idle)
     cpu_before, t0 = cpu_seconds(worker.pid), time.monotonic()
     time.sleep(10.0)
@@ -181,10 +183,10 @@ def phase_memory(args: argparse.Namespace, stack: Stack, accounts: list[load.Acc
     return result
 
 
-async def count_active(users: list[load.Account]) -> int:
+async def count_active(redis_url: str, users: list[load.Account]) -> int:
     from tradecore_adapters.redis import RedisWorkerDirectory, open_connections
 
-    connections = open_connections(REDIS_URL)
+    connections = open_connections(redis_url)
     directory = RedisWorkerDirectory(connections)
     try:
         flags = [await directory.is_active(u.user_id) for u in users]
@@ -198,9 +200,9 @@ def pids(stack: Stack) -> dict[str, int]:
     return stack.pids()
 
 
-def one_run(args: argparse.Namespace, number: int) -> dict[str, Any]:
+def one_run(args: argparse.Namespace, number: int, redis_url: str) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="tradecore-bench-"))
-    stack = Stack(workdir, apis=args.apis, workers=args.workers)
+    stack = Stack(workdir, apis=args.apis, workers=args.workers, redis_url=redis_url)
     report: dict[str, Any] = {
         "run": number,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -324,22 +326,54 @@ def main() -> None:
     parser.add_argument("--label", default="run")
     parser.add_argument("--apis", type=int, default=1, help="API processes")
     parser.add_argument("--workers", type=int, default=1, help="worker hosts")
+    parser.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="run on a private three-master Redis Cluster started for the run "
+        "(tests/contract/redis_cluster.py) instead of BENCH_REDIS_URL",
+    )
     args = parser.parse_args()
 
     # SIGTERM ends the run through the same cleanup as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     RESULTS.mkdir(exist_ok=True)
+    with contextlib.ExitStack() as cleanup:
+        redis_url = REDIS_URL
+        if args.redis_cluster:
+            redis_url = cleanup.enter_context(private_cluster())
+            log(f"Redis Cluster {redis_url}")
+        reports = run_all(args, redis_url)
+    print(summary(reports))
+    print(json.dumps({"results": [r.get("at") for r in reports]}))
+
+
+@contextlib.contextmanager
+def private_cluster() -> Iterator[str]:
+    """Three masters on free loopback ports (the contract tests' cluster), ended at exit."""
+    sys.path.insert(0, str(HERE.parent.parent / "tests" / "contract"))
+    from redis_cluster import ThreeMasterCluster
+
+    workdir = Path(tempfile.mkdtemp(prefix="tradecore-bench-cluster-"))
+    cluster = ThreeMasterCluster(workdir)
+    try:
+        cluster.start()
+        yield cluster.url
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, redis_url: str) -> list[dict[str, Any]]:
     reports = []
     for number in range(1, args.runs + 1):
         log(f"run {number} of {args.runs}")
-        report = one_run(args, number)
+        report = one_run(args, number, redis_url)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         out = RESULTS / f"{args.label}{number}-{stamp}.json"
         dump(out, report)
         log(f"written {out}")
         reports.append(report)
-    print(summary(reports))
-    print(json.dumps({"results": [r.get("at") for r in reports]}))
+    return reports
 
 
 if __name__ == "__main__":

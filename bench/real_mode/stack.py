@@ -35,6 +35,7 @@ from psycopg import sql
 from tradecore.identity import Plan
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.postgres import migrate
+from tradecore_adapters.redis.client import cluster_nodes, is_cluster_url
 from tradecore_entrypoints.container import build_container
 from tradecore_entrypoints.settings import Settings
 
@@ -64,9 +65,39 @@ _CONFIG_VARIABLES = (
 
 
 def _loopback(url: str) -> None:
-    host = urlsplit(url).hostname
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        raise SystemExit(f"the benchmark runs over loopback only, not {host}")
+    hosts = (
+        [host for host, _ in cluster_nodes(url)[0]]
+        if is_cluster_url(url)
+        else [urlsplit(url).hostname]
+    )
+    for host in hosts:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise SystemExit(f"the benchmark runs over loopback only, not {host}")
+
+
+def flush_redis(url: str) -> None:
+    """Empty the benchmark's Redis: its database on one server, every master of a cluster."""
+    if not is_cluster_url(url):
+        clients = [redis.Redis.from_url(url, socket_timeout=2.0)]
+    else:
+        host, port = cluster_nodes(url)[0][0]
+        seed = redis.Redis(host=host, port=port, socket_timeout=2.0, decode_responses=True)
+        try:
+            # {"host:port": {"flags": "myself,master", ...}} (redis-py parses CLUSTER NODES)
+            nodes = seed.execute_command("CLUSTER NODES")
+        finally:
+            seed.close()
+        masters = [
+            address.split("@")[0].rsplit(":", 1)
+            for address, node in nodes.items()
+            if "master" in node["flags"]
+        ]
+        clients = [redis.Redis(host=h, port=int(p), socket_timeout=2.0) for h, p in masters]
+    for client in clients:
+        try:
+            client.flushall() if is_cluster_url(url) else client.flushdb()
+        finally:
+            client.close()
 
 
 def free_port() -> int:
@@ -178,9 +209,12 @@ class Stack:
     """The database, the Redis database, the users and the processes: ``apis`` API processes
     and ``workers`` worker hosts. ``api`` and ``worker`` are the first of each."""
 
-    def __init__(self, workdir: Path, *, apis: int = 1, workers: int = 1) -> None:
+    def __init__(
+        self, workdir: Path, *, apis: int = 1, workers: int = 1, redis_url: str = REDIS_URL
+    ) -> None:
         _loopback(ADMIN_URL)
-        _loopback(REDIS_URL)
+        _loopback(redis_url)
+        self.redis_url = redis_url
         if apis < 1 or workers < 1:
             raise SystemExit("at least one API process and one worker host")
         self.workdir = workdir
@@ -194,7 +228,7 @@ class Stack:
         self.env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARIABLES}
         self.env.update(
             DATABASE_URL=self.database_url,
-            REDIS_URL=REDIS_URL,
+            REDIS_URL=redis_url,
             JWT_SECRET=secrets.token_urlsafe(48),
             ENCRYPTION_KEY=secrets.token_urlsafe(32),
             PUBLIC_BASE_URL=self.base_url,
@@ -236,7 +270,9 @@ class Stack:
     async def provision(self, count: int, *, prefix: str = "u") -> list[dict[str, str]]:
         """``count`` pro users (terms accepted), each with one verified paper account; their
         webhook URLs and secrets, in creation order."""
-        container = build_container(Settings(database_url=self.database_url, redis_url=REDIS_URL))
+        container = build_container(
+            Settings(database_url=self.database_url, redis_url=self.redis_url)
+        )
         container.shared.hasher.override(providers.Object(ReusedHash()))
         system = container.services.system()
         accounts: list[dict[str, str]] = []
@@ -329,16 +365,12 @@ class Stack:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _flush_redis(self) -> None:
-        client = redis.Redis.from_url(REDIS_URL, socket_timeout=2.0)
-        try:
-            client.flushdb()
-        finally:
-            client.close()
+        flush_redis(self.redis_url)
 
     def describe(self) -> dict[str, Any]:
         return {
             "database": self.database,
-            "redis_url": REDIS_URL,
+            "redis_url": self.redis_url,
             "base_url": self.base_url,
             "base_urls": self.base_urls,
             "workers": len(self.workers),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time, timedelta
 
 import attrs
 
@@ -19,6 +19,9 @@ from tradecore.identity import Plan
 RATE_LIMIT_PER_MINUTE = 60
 RATE_WINDOW_S = 60
 RATE_KEY_TTL_S = 65
+DAILY_COUNT_GRACE_S = 3600
+"""How long a day's order counter outlives the day: a request whose clock is a little behind
+still finds its day's counter (a missing one would only be seeded again, never under-count)."""
 
 
 @attrs.frozen
@@ -129,3 +132,14 @@ def start_of_utc_day(now: datetime) -> datetime:
         raise ValueError("now must be timezone-aware")
     utc = now.astimezone(UTC)
     return utc.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def utc_day(now: datetime) -> date:
+    """The UTC calendar day ``now`` falls on (the day ``start_of_utc_day`` starts)."""
+    return start_of_utc_day(now).date()
+
+
+def daily_count_expiry(day: date) -> datetime:
+    """When the order counter of ``day`` may go: the day's end plus ``DAILY_COUNT_GRACE_S``."""
+    end = datetime.combine(day, time(), tzinfo=UTC) + timedelta(days=1)
+    return end + timedelta(seconds=DAILY_COUNT_GRACE_S)

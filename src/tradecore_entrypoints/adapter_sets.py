@@ -25,7 +25,13 @@ from tradecore.ports.documents import DocumentStore
 from tradecore.ports.identity import CaptchaVerifier, Mailer
 from tradecore.ports.messaging import FillTaskQueue, OrderQueue, WorkerDirectory
 from tradecore.ports.prices import PriceSource
-from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
+from tradecore.ports.protection import (
+    AlertThrottle,
+    DailyOrderCounter,
+    RateLimiter,
+    ReplayStore,
+    WebhookAdmission,
+)
 from tradecore.ports.repositories import (
     AllowedIpRepository,
     ApiKeyRepository,
@@ -62,6 +68,7 @@ from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.protection import (
     MemoryAlertThrottle,
+    MemoryDailyOrderCounter,
     MemoryRateLimiter,
     MemoryReplayStore,
     MemoryWebhookAdmission,
@@ -79,6 +86,7 @@ from tradecore_adapters.memory.resets import MemoryPasswordResetTokens
 from tradecore_adapters.memory.schema_ledger import MemorySchemaLedger
 from tradecore_adapters.memory.stores import InProcessStores
 from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
+from tradecore_adapters.owner_cache import AnnouncingAllowedIps, AnnouncingUsers
 from tradecore_adapters.postgres import (
     PostgresAllowedIpRepository,
     PostgresApiKeyRepository,
@@ -87,12 +95,12 @@ from tradecore_adapters.postgres import (
     PostgresOrderHistory,
     PostgresPasswordResetTokens,
     PostgresSessionRepository,
-    PostgresTradingAccountRepository,
     PostgresUserRepository,
 )
 from tradecore_adapters.postgres.schema_ledger import PostgresSchemaLedger
 from tradecore_adapters.redis import (
     RedisAlertThrottle,
+    RedisDailyOrderCounter,
     RedisFillTaskQueue,
     RedisOrderQueue,
     RedisRateLimiter,
@@ -103,6 +111,7 @@ from tradecore_adapters.redis import (
 from tradecore_entrypoints.connections import Connections, closed_with, host_identity
 from tradecore_entrypoints.settings import Settings
 from tradecore_entrypoints.system import FillPolling, Stores
+from tradecore_entrypoints.webhook_owners import cached_accounts
 
 EMBEDDED_HOLDER = "embedded"
 """The in-process host is the only one of its in-process directory: a fixed name is unique."""
@@ -140,6 +149,7 @@ class AdapterSet(containers.DeclarativeContainer):
     schema: providers.Provider[SchemaLedger] = port(SchemaLedger)
     replay: providers.Provider[ReplayStore] = port(ReplayStore)
     limiter: providers.Provider[RateLimiter] = port(RateLimiter)
+    daily: providers.Provider[DailyOrderCounter] = port(DailyOrderCounter)
     admission: providers.Provider[WebhookAdmission] = port(WebhookAdmission)
     throttle: providers.Provider[AlertThrottle] = port(AlertThrottle)
     queue: providers.Provider[OrderQueue] = port(OrderQueue)
@@ -198,7 +208,8 @@ class MemoryAdapters(AdapterSet):
     schema = providers.Singleton(MemorySchemaLedger)
     replay = providers.Singleton(MemoryReplayStore, AdapterSet.core.clock)
     limiter = providers.Singleton(MemoryRateLimiter, AdapterSet.core.clock)
-    admission = providers.Singleton(MemoryWebhookAdmission, replay, limiter)
+    daily = providers.Singleton(MemoryDailyOrderCounter, AdapterSet.core.clock)
+    admission = providers.Singleton(MemoryWebhookAdmission, replay, limiter, daily)
     throttle = providers.Singleton(MemoryAlertThrottle, AdapterSet.core.clock)
     directory = providers.Singleton(MemoryWorkerDirectory, AdapterSet.core.clock)
     queue = providers.Singleton(_memory_queue, AdapterSet.core.clock, directory)
@@ -239,12 +250,23 @@ class PostgresRedisAdapters(AdapterSet):
         Connections.create,
         AdapterSet.core.settings.provided.database_url,
         AdapterSet.core.settings.provided.redis_url,
+        queue_shards=AdapterSet.core.settings.provided.redis_queue_shards,
     )
-    users = providers.Singleton(PostgresUserRepository, stores.provided.pool)
+    # the webhook owner lookup is cached per process; every write of what it returns is
+    # announced to the other processes (webhook_owners.py)
+    accounts = providers.Singleton(cached_accounts, stores, AdapterSet.core.settings)
+    users = providers.Singleton(
+        AnnouncingUsers,
+        providers.Factory(PostgresUserRepository, stores.provided.pool),
+        accounts.provided.announcer,
+    )
     sessions = providers.Singleton(PostgresSessionRepository, stores.provided.pool)
     api_keys = providers.Singleton(PostgresApiKeyRepository, stores.provided.pool)
-    allowed_ips = providers.Singleton(PostgresAllowedIpRepository, stores.provided.pool)
-    accounts = providers.Singleton(PostgresTradingAccountRepository, stores.provided.pool)
+    allowed_ips = providers.Singleton(
+        AnnouncingAllowedIps,
+        providers.Factory(PostgresAllowedIpRepository, stores.provided.pool),
+        accounts.provided.announcer,
+    )
     orders = providers.Singleton(PostgresOrderHistory, stores.provided.pool)
     audit = providers.Singleton(PostgresAuditLog, stores.provided.pool)
     resets = providers.Singleton(PostgresPasswordResetTokens, stores.provided.pool)
@@ -252,14 +274,23 @@ class PostgresRedisAdapters(AdapterSet):
     schema = providers.Singleton(PostgresSchemaLedger, stores.provided.pool)
     replay = providers.Singleton(RedisReplayStore, stores.provided.redis.commands)
     limiter = providers.Singleton(RedisRateLimiter, stores.provided.redis.commands)
+    daily = providers.Singleton(RedisDailyOrderCounter, stores.provided.redis.commands)
     admission = providers.Singleton(RedisWebhookAdmission, stores.provided.redis.commands)
     throttle = providers.Singleton(RedisAlertThrottle, stores.provided.redis.commands)
     queue = providers.Singleton(
         closed_with, stores, providers.Factory(RedisOrderQueue, stores.provided.redis)
     )
-    directory = providers.Singleton(RedisWorkerDirectory, stores.provided.redis)
+    directory = providers.Singleton(
+        closed_with, stores, providers.Factory(RedisWorkerDirectory, stores.provided.redis)
+    )
     fill_tasks = providers.Singleton(
-        closed_with, stores, providers.Factory(RedisFillTaskQueue, stores.provided.redis.commands)
+        closed_with,
+        stores,
+        providers.Factory(
+            RedisFillTaskQueue,
+            stores.provided.redis.commands,
+            shards=stores.provided.redis.queue_shards,
+        ),
     )
     exchange = providers.Singleton(PaperExchange)
     simulation_exchange = providers.Singleton(PaperExchange)

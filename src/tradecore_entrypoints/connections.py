@@ -16,7 +16,9 @@ import attrs
 
 from tradecore_adapters.postgres import Pool, make_pool
 from tradecore_adapters.postgres.errors import database_errors
-from tradecore_adapters.redis import RedisConnections, open_connections
+from tradecore_adapters.redis import RedisConnections, RedisFillTaskQueue, open_connections
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS
+from tradecore_adapters.redis.legacy import adopt_legacy_keys
 from tradecore_adapters.system import SecretsRandom
 
 DATABASE_TIMEOUT_S = 5.0
@@ -47,8 +49,15 @@ class Connections:
 
     @classmethod
     def create(
-        cls, database_url: str, redis_url: str, *, pool_size: int = POOL_SIZE
+        cls,
+        database_url: str,
+        redis_url: str,
+        *,
+        pool_size: int = POOL_SIZE,
+        queue_shards: int = DEFAULT_SHARDS,
     ) -> Connections:
+        """``redis_url`` names one server or a cluster (``open_connections``);
+        ``queue_shards`` is REDIS_QUEUE_SHARDS."""
         pool = make_pool(
             database_url,
             min_size=1,
@@ -56,14 +65,21 @@ class Connections:
             timeout_s=CONNECTION_WAIT_S,
             statement_timeout_s=DATABASE_TIMEOUT_S,
         )
-        return cls(pool, open_connections(redis_url, socket_timeout_s=REDIS_TIMEOUT_S))
+        redis = open_connections(
+            redis_url, socket_timeout_s=REDIS_TIMEOUT_S, queue_shards=queue_shards
+        )
+        return cls(pool, redis)
 
     async def open(self) -> None:
-        """Open the pool (raises DatabaseUnavailable when Postgres cannot be reached) and
-        check Redis (raises KeyValueStoreUnavailable)."""
+        """Open the pool (raises DatabaseUnavailable when Postgres cannot be reached), check
+        Redis (raises KeyValueStoreUnavailable) and adopt the keys an older release left
+        under its names (``adopt_legacy_keys``: a SCAN, nothing to do after the first
+        start)."""
         with database_errors():
             await self.pool.open(wait=True, timeout=DATABASE_TIMEOUT_S)
         await self.redis.check()
+        tasks = RedisFillTaskQueue(self.redis.commands, shards=self.redis.queue_shards)
+        await adopt_legacy_keys(self.redis, tasks)
 
     async def ready(self) -> bool:
         """True when both stores answer now (``/health/ready``)."""

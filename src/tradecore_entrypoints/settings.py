@@ -30,6 +30,7 @@ from tradecore.services.orders.settings import OrderSettings
 from tradecore_adapters.brokers.paper import PaperConditions
 from tradecore_adapters.captcha.turnstile import SITEVERIFY_URL
 from tradecore_adapters.http import HttpConfig
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS
 from tradecore_entrypoints.logs import LogFormat, parse_log_format
 from tradecore_entrypoints.settings_parsers import (
     count,
@@ -46,6 +47,7 @@ from tradecore_entrypoints.settings_parsers import (
     plan_caps,
     positive,
     positive_integer,
+    queue_shards,
     redis_url,
     runtime_mode,
     smtp_url,
@@ -150,8 +152,12 @@ VARIABLES: tuple[Variable[Any], ...] = (
              "postgresql:// URL of the durable store; with REDIS_URL, the production runtime",
              database_url, secret=True),
     Variable("REDIS_URL", "redis_url", None,
-             "redis:// or rediss:// URL of the queues, leases and short-lived keys",
+             "redis:// or rediss:// URL of the queues, leases and short-lived keys; "
+             "redis+cluster:// or rediss+cluster:// with host:port nodes for a Redis Cluster",
              redis_url, secret=True),
+    Variable("REDIS_QUEUE_SHARDS", "redis_queue_shards", str(DEFAULT_SHARDS),
+             "shards of the shared Redis queues (worker-control, order-tasks), 1 to 256; "
+             "the same in every process", queue_shards),
     # secrets
     Variable("JWT_SECRET", "jwt_secret", None,
              "HS256 key of the session tokens, at least 32 bytes, the same in every API process",
@@ -213,6 +219,12 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("TERMS_VERSION", "terms_version", "1",
              "the terms version a user must have accepted to trade (1 to 32 characters)",
              terms_version),
+    Variable("WEBHOOK_OWNER_CACHE_SIZE", "webhook_owner_cache_size", "10000",
+             "webhook owners (account, owner, allowed IPs) each API process caches; 0: none",
+             count, strip=True),
+    Variable("WEBHOOK_OWNER_CACHE_TTL_S", "webhook_owner_cache_ttl_s", "5",
+             "the longest a cached webhook owner is served: a change stops a token, account "
+             "or IP everywhere within it", positive, strip=True),
     # workers
     Variable("WORKER_START_TIMEOUT_S", "worker_start_timeout_s", "60",
              "how long an order waits for its user's worker to start before 503",
@@ -263,6 +275,7 @@ class Settings:
     production: bool = False
     database_url: str | None = attrs.field(default=None, repr=False)
     redis_url: str | None = attrs.field(default=None, repr=False)
+    redis_queue_shards: int = DEFAULT_SHARDS
     jwt_secret: str | None = attrs.field(default=None, repr=False)
     encryption_key: str | None = attrs.field(default=None, repr=False)
     public_base_url: str | None = None
@@ -283,6 +296,8 @@ class Settings:
     rate_limit_per_minute: int = 60
     plan_caps: str = "free=100,pro=1000"
     terms_version: str = "1"
+    webhook_owner_cache_size: int = 10_000
+    webhook_owner_cache_ttl_s: float = 5.0
     worker_start_timeout_s: float = 60.0
     worker_idle_timeout_s: float = 43_200.0
     worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S

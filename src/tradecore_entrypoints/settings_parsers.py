@@ -16,6 +16,8 @@ from tradecore_adapters.brokers.ccxt_venue import DIALECTS
 from tradecore_adapters.crypto.cipher import parse_key
 from tradecore_adapters.crypto.tokens import MIN_SECRET_BYTES
 from tradecore_adapters.mail.smtp import SmtpSettings
+from tradecore_adapters.redis.client import cluster_nodes, is_cluster_url
+from tradecore_adapters.redis.keys import MAX_SHARDS
 
 MIN_MARK_TTL_S = 3.0
 """The shortest lease WORKER_MARK_TTL_S may set: the heartbeat renews every sixth of it, and
@@ -116,10 +118,27 @@ def database_url(name: str, value: str) -> str:
 
 
 def redis_url(name: str, value: str) -> str:
-    """A ``redis://`` or ``rediss://`` URL."""
+    """A ``redis://`` or ``rediss://`` URL of one server, or a ``redis+cluster://`` or
+    ``rediss+cluster://`` URL naming one or more ``host:port`` nodes of a Redis Cluster."""
+    if is_cluster_url(value):
+        try:
+            cluster_nodes(value)
+        except ValueError as e:  # says what is wrong without repeating the URL (a secret)
+            raise ValueError(f"{name}: {e}") from None
+        return value
     if _scheme(value) not in ("redis", "rediss"):
-        raise ValueError(f"{name} must be a redis:// or rediss:// URL")
+        raise ValueError(
+            f"{name} must be a redis://, rediss://, redis+cluster:// or rediss+cluster:// URL"
+        )
     return value
+
+
+def queue_shards(name: str, value: str) -> int:
+    """REDIS_QUEUE_SHARDS: a whole number from 1 to ``MAX_SHARDS``."""
+    shards = positive_integer(name, value)
+    if shards > MAX_SHARDS:
+        raise ValueError(f"{name} must be from 1 to {MAX_SHARDS}, got {value!r}")
+    return shards
 
 
 def http_url(name: str, value: str) -> str:

@@ -34,6 +34,7 @@ from tradecore.services.identity.registration import Registration
 from tradecore.services.identity.request_authentication import RequestAuthenticator
 from tradecore.services.identity.session_lifetime import SessionLifetime
 from tradecore.services.identity.session_tokens import SessionTokens
+from tradecore.services.orders.daily_orders import DailyOrders
 from tradecore.services.orders.dashboard_order import DashboardOrders
 from tradecore.services.orders.dispatch import OrderDispatcher
 from tradecore.services.orders.history_reads import HistoryReads
@@ -199,8 +200,9 @@ class UseCases(containers.DeclarativeContainer):
     )
 
     # --- orders: intake, checks, hand-over to the user's worker --------------------------
+    daily_orders = providers.Singleton(DailyOrders, adapters.daily, adapters.orders)
     checks = providers.Singleton(
-        OrderChecks, adapters.limiter, adapters.orders, shared.instruments, core.order_settings
+        OrderChecks, adapters.limiter, daily_orders, shared.instruments, core.order_settings
     )
     dispatcher = providers.Singleton(
         OrderDispatcher,
@@ -215,6 +217,7 @@ class UseCases(containers.DeclarativeContainer):
         adapters.accounts,
         adapters.admission,
         adapters.replay,
+        daily_orders,
         checks,
         dispatcher,
         events,

@@ -5,8 +5,12 @@ Tests use a dedicated logical database (``TRADECORE_TEST_REDIS_DB``, default 9; 
 An unreachable server skips the Redis tests with the reason, except in CI (``CI=true``) where
 it fails them.
 
-``kv`` is parametrized over ``memory`` and ``redis``: the same test runs on the in-memory
-adapters (on a FakeClock) and on the Redis ones (on the server's clock). Time is handled by
+``kv`` is parametrized over ``memory``, ``redis`` and ``cluster``: the same test runs on the
+in-memory adapters (on a FakeClock), on the Redis ones against the single server (on the
+server's clock), and on the Redis ones against a private three-master Redis Cluster
+(``redis_cluster``: started once per session from ``redis-server`` on free loopback ports,
+flushed on every master before each test; missing redis-server or redis-cli skips its tests,
+and fails them under ``CI=true``). Time is handled by
 the harness so no test waits long: ``ttl_s`` reads a key's remaining life, ``lapse`` ends it
 (the clock moves past it, or the key is deleted), ``outlive`` waits for a short TTL (tens of
 milliseconds) to run out by itself (the clock moves past it; against Redis, bounded polling
@@ -27,19 +31,28 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis_cluster import ThreeMasterCluster, Unavailable
 
 from tradecore.orders import (
     OrderRequest,
     OrderResult,
 )
 from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, WorkerDirectory
-from tradecore.ports.protection import AlertThrottle, RateLimiter, ReplayStore, WebhookAdmission
+from tradecore.ports.protection import (
+    AlertThrottle,
+    DailyOrderCounter,
+    RateLimiter,
+    ReplayStore,
+    WebhookAdmission,
+)
 from tradecore.testing import orders as testing_orders
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.protection import (
     MemoryAlertThrottle,
+    MemoryDailyOrderCounter,
     MemoryRateLimiter,
     MemoryReplayStore,
     MemoryWebhookAdmission,
@@ -57,7 +70,7 @@ from tradecore_adapters.redis import (
     open_connections,
 )
 from tradecore_adapters.redis.messaging import mark_key, response_key
-from tradecore_adapters.redis.protection import RedisWebhookAdmission
+from tradecore_adapters.redis.protection import RedisDailyOrderCounter, RedisWebhookAdmission
 
 __all__ = [
     "SHORT_TTL_S",
@@ -70,6 +83,7 @@ __all__ = [
     "order_result",
     "pubsub_listeners",
     "redis_client",
+    "redis_cluster",
     "redis_connections",
     "redis_url",
 ]
@@ -112,6 +126,30 @@ def redis_url() -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreeMasterCluster]:
+    """A private three-master Redis Cluster for the session (see the module docstring)."""
+    try:
+        cluster = ThreeMasterCluster(tmp_path_factory.mktemp("redis-cluster"))
+    except Unavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{e} (CI=true requires the Redis Cluster tests to run)")
+        pytest.skip(str(e))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def flush(connections: RedisConnections) -> None:
+    """Empty the test database, or every master of a cluster."""
+    if isinstance(connections.commands, RedisCluster):
+        await connections.commands.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        await connections.commands.flushdb()
+
+
 @pytest.fixture
 async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
     """A command client on the flushed test database."""
@@ -148,6 +186,7 @@ class KvHarness:
     name: str
     replay: ReplayStore
     limiter: RateLimiter
+    daily: DailyOrderCounter
     admission: WebhookAdmission
     throttle: AlertThrottle
     queue: OrderQueue
@@ -182,7 +221,8 @@ class MemoryHarness(KvHarness):
         self.clock = FakeClock()
         self.replay: MemoryReplayStore = MemoryReplayStore(self.clock)
         self.limiter = MemoryRateLimiter(self.clock)
-        self.admission = MemoryWebhookAdmission(self.replay, self.limiter)
+        self.daily: MemoryDailyOrderCounter = MemoryDailyOrderCounter(self.clock)
+        self.admission = MemoryWebhookAdmission(self.replay, self.limiter, self.daily)
         self.throttle: MemoryAlertThrottle = MemoryAlertThrottle(self.clock)
         self.directory: MemoryWorkerDirectory = MemoryWorkerDirectory(self.clock)
         self.queue: MemoryOrderQueue = MemoryOrderQueue(self.clock, self.directory)
@@ -234,6 +274,7 @@ class RedisHarness(KvHarness):
         client = connections.commands
         self.replay: RedisReplayStore = RedisReplayStore(client)
         self.limiter = RedisRateLimiter(client)
+        self.daily: RedisDailyOrderCounter = RedisDailyOrderCounter(client)
         self.admission = RedisWebhookAdmission(client)
         self.throttle: RedisAlertThrottle = RedisAlertThrottle(client)
         self.directory = RedisWorkerDirectory(connections)
@@ -244,17 +285,23 @@ class RedisHarness(KvHarness):
         self, visibility_timeout_s: float = 180.0, dedup_window_s: float = 300.0
     ) -> FillTaskQueue:
         tasks = RedisFillTaskQueue(
-            self.connections.commands, visibility_timeout_s, dedup_window_s=dedup_window_s
+            self.connections.commands,
+            visibility_timeout_s,
+            dedup_window_s=dedup_window_s,
+            shards=self.connections.queue_shards,
         )
         self._task_queues.append(tasks)
         return tasks
 
     def key(self, kind: Kind, ident: str) -> str:
-        if kind == "replay":
-            return self.replay.key(ident)
+        if kind == "replay":  # ident: "user_id:fingerprint"
+            return self.replay.key(*ident.split(":", 1))
         if kind == "throttle":
             return self.throttle.key(ident)
-        return mark_key(ident) if kind == "mark" else response_key(ident)
+        if kind == "mark":
+            return mark_key(ident)
+        user_id, _, request_id = ident.rpartition("/")  # ident: "[user_id/]request_id"
+        return response_key(user_id or "u1", request_id)
 
     async def ttl_s(self, kind: Kind, ident: str) -> float | None:
         pttl = int(await self.connections.commands.pttl(self.key(kind, ident)))
@@ -281,6 +328,7 @@ class RedisHarness(KvHarness):
 
     async def aclose(self) -> None:
         await self.queue.aclose()
+        await self.directory.aclose()
         for tasks in self._task_queues:
             await tasks.aclose()
 
@@ -288,6 +336,7 @@ class RedisHarness(KvHarness):
 def _kv_params() -> Iterator[object]:
     yield pytest.param("memory", id="memory")
     yield pytest.param("redis", id="redis", marks=pytest.mark.redis)
+    yield pytest.param("cluster", id="cluster", marks=pytest.mark.redis)
 
 
 @pytest.fixture(params=list(_kv_params()))
@@ -296,8 +345,12 @@ async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KvHarness]:
     if request.param == "memory":
         yield MemoryHarness()
         return
-    connections = open_connections(request.getfixturevalue("redis_url"))
-    await connections.commands.flushdb()
+    if request.param == "cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    else:
+        url = request.getfixturevalue("redis_url")
+    connections = open_connections(url)
+    await flush(connections)
     harness = RedisHarness(connections)
     yield harness
     await harness.aclose()

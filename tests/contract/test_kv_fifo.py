@@ -12,6 +12,7 @@ import asyncio
 from redis_fixtures import KvHarness, fill_task
 
 from tradecore.ports.messaging import FillDelivery, FillTaskQueue
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS, shard_of
 
 NEVER_S = 5.0
 SHORT_S = 0.2
@@ -55,15 +56,39 @@ async def test_messages_sent_to_a_busy_group_wait_for_it(kv: KvHarness) -> None:
     assert (await received(tasks)).task == fill_task("o2")
 
 
+SAME_SHARD = ("u1", "u28", "u37")
+"""Users of one shard of the Redis queue (16 shards): it keeps the send order across groups
+within a shard only, as SQS FIFO keeps none across message groups."""
+
+
+def test_the_same_shard_users_share_a_shard() -> None:
+    assert len({shard_of(user, DEFAULT_SHARDS) for user in SAME_SHARD}) == 1
+    assert shard_of("u2", DEFAULT_SHARDS) != shard_of("u1", DEFAULT_SHARDS)
+
+
 async def test_the_oldest_visible_message_of_a_free_group_comes_first(kv: KvHarness) -> None:
     tasks = kv.tasks()
-    for order_id, user in [("a1", "u1"), ("b1", "u2"), ("a2", "u1"), ("c1", "u3"), ("b2", "u2")]:
+    u1, u2, u3 = SAME_SHARD
+    for order_id, user in [("a1", u1), ("b1", u2), ("a2", u1), ("c1", u3), ("b2", u2)]:
         await tasks.send(fill_task(order_id, user), 0)
     order = []
     while (delivery := await tasks.receive(0)) is not None:
         order.append(delivery.task.order_id)
         await tasks.ack(delivery)
     assert order == ["a1", "b1", "a2", "c1", "b2"]
+
+
+async def test_every_group_keeps_its_order_across_shards(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    users = [f"u{n}" for n in range(40)]  # every shard of 16 has some
+    for n in range(3):
+        for user in users:
+            await tasks.send(fill_task(f"{user}-{n}", user), 0)
+    seen: dict[str, list[str]] = {}
+    while (delivery := await tasks.receive(0)) is not None:
+        seen.setdefault(delivery.task.user_id, []).append(delivery.task.order_id)
+        await tasks.ack(delivery)
+    assert seen == {user: [f"{user}-{n}" for n in range(3)] for user in users}
 
 
 async def test_a_delayed_message_becomes_visible_after_its_delay(kv: KvHarness) -> None:
@@ -293,10 +318,12 @@ async def test_deduplication_is_by_order_only(kv: KvHarness) -> None:
     tasks = kv.tasks()
     await tasks.send(fill_task("o1"), 0)
     await tasks.send(fill_task("o2"), 0)
-    await tasks.send(fill_task("p1", "u2"), 0)
-    await tasks.send(fill_task("o1", "u2"), 0)  # same order id, other group: still a duplicate
+    await tasks.send(fill_task("p1", SAME_SHARD[1]), 0)
+    # Same order id, other group (of the same shard: an order belongs to one user, so its
+    # checks are always in its user's shard): still a duplicate.
+    await tasks.send(fill_task("o1", SAME_SHARD[1]), 0)
     order = []
     while (delivery := await tasks.receive(0)) is not None:
         order.append(delivery.task)
         await tasks.ack(delivery)
-    assert order == [fill_task("o1"), fill_task("o2"), fill_task("p1", "u2")]
+    assert order == [fill_task("o1"), fill_task("o2"), fill_task("p1", SAME_SHARD[1])]

@@ -37,37 +37,37 @@ def assert_ttl(left: float | None, expected: float) -> None:
 
 
 async def test_a_fingerprint_is_claimed_once(kv: KvHarness) -> None:
-    assert await kv.replay.claim("fp1", 600)
-    assert not await kv.replay.claim("fp1", 600)
-    assert await kv.replay.claim("fp2", 600)
+    assert await kv.replay.claim("u1", "fp1", 600)
+    assert not await kv.replay.claim("u1", "fp1", 600)
+    assert await kv.replay.claim("u1", "fp2", 600)
 
 
 async def test_a_claim_lives_for_its_ttl(kv: KvHarness) -> None:
-    await kv.replay.claim("fp1", 600)
-    assert_ttl(await kv.ttl_s("replay", "fp1"), 600)
-    await kv.replay.claim("short", 0)  # below one second: one second
-    assert_ttl(await kv.ttl_s("replay", "short"), 1)
-    await kv.lapse("replay", "fp1")
-    assert await kv.replay.claim("fp1", 600)
+    await kv.replay.claim("u1", "fp1", 600)
+    assert_ttl(await kv.ttl_s("replay", "u1:fp1"), 600)
+    await kv.replay.claim("u1", "short", 0)  # below one second: one second
+    assert_ttl(await kv.ttl_s("replay", "u1:short"), 1)
+    await kv.lapse("replay", "u1:fp1")
+    assert await kv.replay.claim("u1", "fp1", 600)
 
 
 async def test_a_failed_claim_does_not_extend_the_ttl(kv: KvHarness) -> None:
-    await kv.replay.claim("fp1", 100)
-    assert not await kv.replay.claim("fp1", 900)
-    assert_ttl(await kv.ttl_s("replay", "fp1"), 100)
+    await kv.replay.claim("u1", "fp1", 100)
+    assert not await kv.replay.claim("u1", "fp1", 900)
+    assert_ttl(await kv.ttl_s("replay", "u1:fp1"), 100)
 
 
 async def test_release_frees_the_fingerprint_and_is_idempotent(kv: KvHarness) -> None:
-    await kv.replay.claim("fp1", 600)
-    await kv.replay.release("fp1")
-    await kv.replay.release("fp1")
-    await kv.replay.release("never-claimed")
-    assert await kv.ttl_s("replay", "fp1") is None
-    assert await kv.replay.claim("fp1", 600)
+    await kv.replay.claim("u1", "fp1", 600)
+    await kv.replay.release("u1", "fp1")
+    await kv.replay.release("u1", "fp1")
+    await kv.replay.release("u1", "never-claimed")
+    assert await kv.ttl_s("replay", "u1:fp1") is None
+    assert await kv.replay.claim("u1", "fp1", 600)
 
 
 async def test_concurrent_claims_of_one_fingerprint_admit_exactly_one(kv: KvHarness) -> None:
-    claims = await asyncio.gather(*(kv.replay.claim("fp1", 600) for _ in range(30)))
+    claims = await asyncio.gather(*(kv.replay.claim("u1", "fp1", 600) for _ in range(30)))
     assert sorted(claims) == [False] * 29 + [True]
 
 
@@ -280,6 +280,7 @@ async def test_a_reply_that_came_before_the_wait_is_returned_once(kv: KvHarness)
 
 async def test_a_second_completion_replaces_the_reply(kv: KvHarness) -> None:
     request = order_request("r1")
+    await kv.queue.park(request)  # the waiter is the process that handed the request over
     first = order_result(request)
     second = attrs.evolve(first, broker_refs=("b-2",))
     await kv.queue.complete(request, first)
@@ -306,6 +307,7 @@ async def test_wait_result_returns_none_after_its_timeout(kv: KvHarness) -> None
 
 async def test_an_uncollected_reply_expires(kv: KvHarness) -> None:
     request = order_request("r1")
+    await kv.queue.park(request)
     await kv.queue.complete(request, order_result(request))
     assert_ttl(await kv.ttl_s("reply", "r1"), 60)
     await kv.lapse("reply", "r1")

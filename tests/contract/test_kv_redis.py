@@ -41,6 +41,8 @@ from tradecore_adapters.redis import (
     codec,
     open_connections,
 )
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS, shard_of
+from tradecore_adapters.redis.messaging import fence_key, mark_key, processing_key, response_key
 
 NOWHERE = "redis://127.0.0.1:1/9"  # nothing listens on port 1
 
@@ -154,7 +156,7 @@ async def test_keys_are_named_as_the_specification_says(
     directory = RedisWorkerDirectory(redis_connections)
     tasks = RedisFillTaskQueue(client)
     try:
-        await RedisReplayStore(client).claim("abc", 600)
+        await RedisReplayStore(client).claim("u1", "abc", 600)
         await RedisRateLimiter(client).hit("u1", 60, 60)
         await RedisAlertThrottle(client).try_claim("u1", 3600)
         assert await directory.acquire("u1", "host-a:12:x", 30) == 1
@@ -170,24 +172,33 @@ async def test_keys_are_named_as_the_specification_says(
         keys = set(await client.keys("*"))
     finally:
         await queue.aclose()
+        await directory.aclose()
+    u1_shard = f"{{s{shard_of('u1', DEFAULT_SHARDS):02d}}}"
+    u2_shard = f"{{s{shard_of('u2', DEFAULT_SHARDS):02d}}}"
     assert {
-        "webhook:replay:abc",
-        "ratelimit:u1",
+        "webhook:replay:{u1}:abc",
+        "ratelimit:{u1}",
         "alert:throttle:u1",
-        "worker:active:u1",
-        "worker:fence:u1",
-        "worker-control.fifo",
-        "trading:user:u1:processing",
-        "trading:response:r1",
-        "order-tasks.fifo:dead",
-        "order-tasks.fifo:dedup:o1",
+        "worker:active:{u1}",
+        "worker:fence:{u1}",
+        f"worker-control.fifo:{u2_shard}",
+        f"worker-control.fifo:{u2_shard}:pending",
+        "trading:user:{u1}:processing",
+        "trading:response:{u1}:r1",
+        f"order-tasks.fifo:{u1_shard}:seq",
+        f"order-tasks.fifo:{u1_shard}:dead",
+        f"order-tasks.fifo:{u1_shard}:dedup:o1",
     } <= keys
-    assert "trading:user:u1:requests" not in keys  # emptied lists vanish
-    assert await client.type("ratelimit:u1") == "zset"
-    assert await client.type("trading:response:r1") == "list"
-    assert await client.get("worker:active:u1") == "host-a:12:x:1"  # "{holder}:{token}"
-    assert await client.get("worker:fence:u1") == "1"
-    assert 299_000 < await client.pttl("order-tasks.fifo:dedup:o1") <= 300_000  # SQS's 5 min
+    assert "trading:user:{u1}:requests" not in keys  # emptied lists vanish
+    assert not any(
+        k.startswith(("worker:", "trading:", "order-tasks")) and "{" not in k for k in keys
+    )
+    assert await client.type("ratelimit:{u1}") == "zset"
+    assert await client.type("trading:response:{u1}:r1") == "list"
+    assert await client.get("worker:active:{u1}") == "host-a:12:x:1"  # "{holder}:{token}"
+    assert await client.get("worker:fence:{u1}") == "1"
+    dedup = f"order-tasks.fifo:{u1_shard}:dedup:o1"
+    assert 299_000 < await client.pttl(dedup) <= 300_000  # SQS's 5 min
 
 
 @pytest.mark.redis
@@ -195,9 +206,9 @@ async def test_the_fencing_counter_outlives_every_lease(redis_client: Redis) -> 
     directory = RedisWorkerDirectory(RedisConnections(redis_client, redis_client))
     token = await directory.acquire("u1", "h1", 0.05)
     assert token is not None
-    assert await redis_client.pttl("worker:fence:u1") == -1  # no time to live
+    assert await redis_client.pttl(fence_key("u1")) == -1  # no time to live
     await directory.release("u1", token)
-    assert await redis_client.get("worker:fence:u1") == str(token)
+    assert await redis_client.get(fence_key("u1")) == str(token)
     assert await directory.acquire("u1", "h1", 30) == token + 1
 
 
@@ -207,14 +218,14 @@ async def test_a_mark_that_is_not_a_lease_is_nobodys_to_take_or_change(
 ) -> None:
     """A mark without a token (as an older release wrote it) stays until its TTL ends."""
     directory = RedisWorkerDirectory(RedisConnections(redis_client, redis_client))
-    await redis_client.set("worker:active:u1", "1", px=30_000)
+    await redis_client.set(mark_key("u1"), "1", px=30_000)
     assert await directory.is_active("u1")
     assert await directory.acquire("u1", "h1", 30) is None
     assert not await directory.renew("u1", 1, 60)
     await directory.release("u1", 1)
     assert not await directory.retire("u1", 1)
-    assert await redis_client.get("worker:active:u1") == "1"
-    assert 29_000 < await redis_client.pttl("worker:active:u1") <= 30_000
+    assert await redis_client.get(mark_key("u1")) == "1"
+    assert 29_000 < await redis_client.pttl(mark_key("u1")) <= 30_000
 
 
 async def _received(tasks: RedisFillTaskQueue) -> FillDelivery:
@@ -234,20 +245,20 @@ async def test_a_reachable_server_passes_the_readiness_check(
 async def test_the_rate_window_keeps_unique_members_and_a_65_s_ttl(redis_client: Redis) -> None:
     limiter = RedisRateLimiter(redis_client)
     await asyncio.gather(*(limiter.hit("u1", 60, 60) for _ in range(10)))
-    assert await redis_client.zcard("ratelimit:u1") == 10
-    pttl = await redis_client.pttl("ratelimit:u1")
+    assert await redis_client.zcard("ratelimit:{u1}") == 10
+    pttl = await redis_client.pttl("ratelimit:{u1}")
     assert RATE_KEY_TTL_S * 1000 - 1000 < pttl <= RATE_KEY_TTL_S * 1000
     await limiter.hit("u2", 60, 120)  # a window longer than the TTL keeps its entries
-    assert (await redis_client.pttl("ratelimit:u2")) > 120_000
+    assert (await redis_client.pttl("ratelimit:{u2}")) > 120_000
 
 
 @pytest.mark.redis
 async def test_a_refused_hit_does_not_refresh_the_ttl(redis_client: Redis) -> None:
     limiter = RedisRateLimiter(redis_client)
     await limiter.hit("u1", 1, 60)
-    await redis_client.pexpire("ratelimit:u1", 10_000)
+    await redis_client.pexpire("ratelimit:{u1}", 10_000)
     assert not (await limiter.hit("u1", 1, 60)).allowed
-    assert await redis_client.pttl("ratelimit:u1") <= 10_000
+    assert await redis_client.pttl("ratelimit:{u1}") <= 10_000
 
 
 # --- Failures --------------------------------------------------------------------------------
@@ -267,13 +278,13 @@ async def test_an_unreachable_server_raises_key_value_store_unavailable() -> Non
     tasks = RedisFillTaskQueue(client)
     try:
         await _unavailable(connections.check)
-        await _unavailable(lambda: RedisReplayStore(client).claim("fp", 600))
-        await _unavailable(lambda: RedisReplayStore(client).release("fp"))
+        await _unavailable(lambda: RedisReplayStore(client).claim("u1", "fp", 600))
+        await _unavailable(lambda: RedisReplayStore(client).release("u1", "fp"))
         await _unavailable(lambda: RedisAlertThrottle(client).try_claim("u1", 60))
         await _unavailable(lambda: queue.push(order_request("r1")))
         await _unavailable(lambda: queue.take("u1", 0))
         await _unavailable(lambda: queue.take("u1", 1.0))
-        await _unavailable(lambda: queue.wait_result("r1", 1.0))
+        await _unavailable(lambda: queue.wait_result("r1", 1.0, user_id="u1"))
         await _unavailable(lambda: queue.in_flight("u1"))
         await _unavailable(lambda: directory.is_active("u1"))
         await _unavailable(lambda: directory.wait_active("u1", 1.0))
@@ -320,6 +331,8 @@ async def test_a_cancelled_wait_leaves_no_reader_behind(
     redis_connections: RedisConnections,
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
+    for rid in ("r1", "r2", "r3"):
+        await queue.park(order_request(rid))  # handed over by this queue: it may wait
     waiter = asyncio.create_task(queue.wait_result("r1", 30))
     await asyncio.sleep(0.05)
     waiter.cancel()
@@ -349,6 +362,7 @@ async def test_a_cancelled_start_wait_loses_no_later_request(
     assert await _no_blocked_clients(redis_connections.commands)
     await directory.request_start("u1")
     assert await directory.next_start_request(5) == "u1"
+    await directory.aclose()
 
 
 @pytest.mark.redis
@@ -375,8 +389,11 @@ async def test_a_sub_millisecond_wait_does_not_block_forever(
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
+    await queue.park(order_request("r1"))
     assert await queue.wait_result("r1", 0.0004) is None
     assert await directory.next_start_request(0.0004) is None
+    await queue.aclose()
+    await directory.aclose()
 
 
 @pytest.mark.redis
@@ -409,18 +426,18 @@ async def test_complete_is_one_script_that_also_clears_an_entry_queued_before_br
     old = order_request("r1")
     legacy = codec.encode_request(old)
     assert "broker_name" not in legacy
-    await client.rpush("trading:user:u1:processing", legacy)
-    await client.rpush("trading:response:r1", "stale reply")
+    await client.rpush(processing_key("u1"), legacy)
+    await client.rpush(response_key("u1", "r1"), "stale reply")
     await client.script_flush()
 
     (stranded,) = await queue.in_flight("u1")
     await queue.complete(stranded, order_result(stranded))
 
     assert await queue.in_flight("u1") == []
-    assert await client.lrange("trading:response:r1", 0, -1) == [
+    assert await client.lrange(response_key("u1", "r1"), 0, -1) == [
         codec.encode_result(order_result(old))
     ]
-    assert 0 < await client.pttl("trading:response:r1") <= 60_000
+    assert 0 < await client.pttl(response_key("u1", "r1")) <= 60_000
     await queue.aclose()
 
 

@@ -1,22 +1,25 @@
 """The memory and the Redis adapters side by side: same operations, same answers.
 
-Hypothesis state machines drive the order queue with the worker directory and the replay
-store (and, separately, the order-tasks queue) through random sequences of calls on both
-technologies at once. They compare every answer and, after every step, the marks, in-flight
-lists and replay keys (or the dead letters) of every user. Time does not pass for the
-adapters (no call waits, every TTL outlives a run), so both sides see the same world.
+Hypothesis state machines drive the order queue with the worker directory, the replay store, the
+daily order counter and the webhook admission (and, separately, the order-tasks queue) through
+random sequences of calls on both technologies at once. They compare every answer and, after
+every step, the marks, in-flight lists and replay keys (or the dead letters) of every user. Time
+does not pass for the adapters (no call waits, every TTL outlives a run), so both sides see the
+same world.
 
-The leases are also checked against a model: who holds each user's lease with which token,
-the last token handed out per user, and how many requests wait. Agreement between two
-adapters alone would not catch a rule both get wrong.
+The leases are also checked against a model: who holds each user's lease with which token, the
+last token handed out per user, and how many requests wait. Agreement between two adapters alone
+would not catch a rule both get wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import ClassVar, TypeVar
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -35,12 +38,16 @@ from redis_fixtures import (
     order_result,
 )
 
+from tradecore.limits import daily_count_expiry, utc_day
 from tradecore.ports.messaging import FillDelivery, FillTaskQueue
+from tradecore.ports.protection import DailyCount, DailyQuota
 from tradecore_adapters.redis import open_connections
 
 T = TypeVar("T")
 
-USER_IDS = ("u1", "u2")
+USER_IDS = ("u1", "u28")
+"""Users of one shard of the Redis queues (16 shards), which keep the order across users
+within a shard only (as SQS FIFO keeps none across message groups)."""
 HOLDER_IDS = ("h1", "h2:7", "h3")
 FINGERPRINT_IDS = ("fp1", "fp2", "fp3")
 USERS = st.sampled_from(USER_IDS)
@@ -48,6 +55,8 @@ HOLDERS = st.sampled_from(HOLDER_IDS)
 FINGERPRINTS = st.sampled_from(FINGERPRINT_IDS)
 PICK = st.integers(min_value=0, max_value=7)
 DELAYS = st.sampled_from([0.0, 3600.0])
+TODAY = utc_day(datetime.now(UTC))  # its counters expire ahead of the real (server's) clock
+DAY_QUOTA = DailyQuota(day=TODAY, cap=None, expires_at=daily_count_expiry(TODAY))
 
 
 async def _coroutine(step: Awaitable[T]) -> T:
@@ -72,6 +81,7 @@ class SideBySide(RuleBasedStateMachine):
         self.leases: dict[str, tuple[str, int]] = {}
         self.fences: dict[str, int] = {}
         self.waiting: dict[str, int] = dict.fromkeys(USER_IDS, 0)
+        self.daily: dict[str, int] = {}  # the model of the day's counters
 
     def run(self, step: Awaitable[T]) -> T:
         return self.loop.run_until_complete(_coroutine(step))
@@ -103,7 +113,7 @@ class SideBySide(RuleBasedStateMachine):
                 seen.append(await harness.directory.wait_active(user, 0))
                 seen.append(await harness.queue.in_flight(user))
             for fingerprint in FINGERPRINT_IDS:
-                seen.append(await harness.ttl_s("replay", fingerprint) is not None)
+                seen.append(await harness.ttl_s("replay", f"u1:{fingerprint}") is not None)
             return seen
 
         seen = self.both(view)
@@ -204,11 +214,48 @@ class SideBySide(RuleBasedStateMachine):
 
     @rule(fingerprint=FINGERPRINTS, ttl=st.sampled_from([60, 300, 86_400]))
     def claim(self, fingerprint: str, ttl: int) -> None:
-        self.both(lambda h: h.replay.claim(fingerprint, ttl))
+        self.both(lambda h: h.replay.claim("u1", fingerprint, ttl))
 
     @rule(fingerprint=FINGERPRINTS)
     def release_fingerprint(self, fingerprint: str) -> None:
-        self.both(lambda h: h.replay.release(fingerprint))
+        self.both(lambda h: h.replay.release("u1", fingerprint))
+
+    # --- daily order counter (checked against the model ``daily``) ---
+
+    @rule(user=USERS, count=st.integers(min_value=0, max_value=4))
+    def seed_daily(self, user: str, count: int) -> None:
+        stored = self.both(lambda h: h.daily.seed(user, DAY_QUOTA, count))
+        assert stored == (user not in self.daily)
+        self.daily.setdefault(user, count)
+
+    @rule(user=USERS, cap=st.sampled_from([None, 0, 2, 4]))
+    def take_daily(self, user: str, cap: int | None) -> None:
+        quota = attrs.evolve(DAY_QUOTA, cap=cap)
+        answer = self.both(lambda h: h.daily.take(user, quota))
+        count = self.daily.get(user)
+        if count is None:
+            assert answer is DailyCount.UNSEEDED
+        elif cap is not None and count >= cap:
+            assert answer is DailyCount.CAP_REACHED
+        else:
+            assert answer is DailyCount.COUNTED
+            self.daily[user] = count + 1
+
+    @rule(user=USERS, fingerprint=FINGERPRINTS, cap=st.sampled_from([None, 1, 3]))
+    def admit_with_quota(self, user: str, fingerprint: str, cap: int | None) -> None:
+        quota = attrs.evolve(DAY_QUOTA, cap=cap)
+        answer = self.both(
+            lambda h: h.admission.admit(f"{user}-{fingerprint}", 600, user, 1000, 3600, quota)
+        )
+        if answer.daily is DailyCount.COUNTED:
+            self.daily[user] += 1
+        assert (answer.daily is DailyCount.UNSEEDED) == (answer.fresh and user not in self.daily)
+
+    @rule(user=USERS)
+    def release_daily(self, user: str) -> None:
+        self.both(lambda h: h.daily.release(user, DAY_QUOTA.day))
+        if self.daily.get(user):
+            self.daily[user] -= 1
 
 
 class FifoSideBySide(RuleBasedStateMachine):
@@ -227,7 +274,7 @@ class FifoSideBySide(RuleBasedStateMachine):
         self.memory = MemoryHarness().tasks()
         self.redis = RedisHarness(self.connections).tasks()
         self.sent = 0
-        self.deliveries: list[FillDelivery] = []
+        self.deliveries: list[tuple[FillDelivery, FillDelivery]] = []  # (memory, redis)
         self.first_deliveries: set[str] = set()  # order ids delivered with receive_count 1
 
     def both(self, op: Callable[[FillTaskQueue], Awaitable[T]]) -> T:
@@ -264,30 +311,36 @@ class FifoSideBySide(RuleBasedStateMachine):
 
     @rule()
     def receive(self) -> None:
-        delivery = self.both(lambda q: q.receive(0))
-        if delivery is not None:
-            self.deliveries.append(delivery)
-            if delivery.receive_count == 1:
-                assert delivery.task.order_id not in self.first_deliveries, "sent twice"
-                self.first_deliveries.add(delivery.task.order_id)
+        """Receipts are opaque and differ between the adapters; the rest must not."""
+        expected = self.loop.run_until_complete(self.memory.receive(0))
+        actual = self.loop.run_until_complete(self.redis.receive(0))
+        bare = [None if d is None else (d.task, d.receive_count) for d in (actual, expected)]
+        assert bare[0] == bare[1], f"redis answered {actual!r}, memory {expected!r}"
+        if expected is not None and actual is not None:
+            self.deliveries.append((expected, actual))
+            if expected.receive_count == 1:
+                assert expected.task.order_id not in self.first_deliveries, "sent twice"
+                self.first_deliveries.add(expected.task.order_id)
+
+    def each(self, pick: int, op: Callable[[FillTaskQueue, FillDelivery], Awaitable[T]]) -> None:
+        """``op`` on each side with that side's own delivery number ``pick``."""
+        if self.deliveries:
+            memory, redis = self.deliveries[pick % len(self.deliveries)]
+            expected = self.loop.run_until_complete(_coroutine(op(self.memory, memory)))
+            actual = self.loop.run_until_complete(_coroutine(op(self.redis, redis)))
+            assert actual == expected, f"redis answered {actual!r}, memory {expected!r}"
 
     @rule(pick=PICK)
     def ack(self, pick: int) -> None:
-        if self.deliveries:
-            delivery = self.deliveries[pick % len(self.deliveries)]
-            self.both(lambda q: q.ack(delivery))
+        self.each(pick, lambda q, d: q.ack(d))
 
     @rule(pick=PICK, delay=DELAYS)
     def retry(self, pick: int, delay: float) -> None:
-        if self.deliveries:
-            delivery = self.deliveries[pick % len(self.deliveries)]
-            self.both(lambda q: q.retry(delivery, delay))
+        self.each(pick, lambda q, d: q.retry(d, delay))
 
     @rule(pick=PICK, reason=st.sampled_from(["pending", 'a "quoted" / reason']))
     def dead_letter(self, pick: int, reason: str) -> None:
-        if self.deliveries:
-            delivery = self.deliveries[pick % len(self.deliveries)]
-            self.both(lambda q: q.dead_letter(delivery, reason))
+        self.each(pick, lambda q, d: q.dead_letter(d, reason))
 
 
 STATEFUL = settings(settings.get_profile("ci"), stateful_step_count=40)

@@ -101,6 +101,8 @@ async def test_a_reply_written_before_the_wait_is_found_at_once(
     queue = RedisOrderQueue(redis_connections)
     request = order_request("r1")  # no reply_to: as from an API older than the listener
     await queue.complete(request, order_result(request))
+    assert await queue.wait_result("r1", 0) is None  # not handed over here: whose is it?
+    await queue.park(request)
     assert await queue.wait_result("r1", LONG_WAIT_S) == order_result(request)
     assert queue.waiting_replies == 0
     await queue.aclose()
@@ -112,6 +114,7 @@ async def test_a_lost_notification_still_delivers_the_reply_at_the_timeout(
     queue = RedisOrderQueue(redis_connections)
     # Announced on a channel nobody hears: the waiter learns nothing before its timeout.
     request = attrs.evolve(order_request("r1"), reply_to="trading:replies:nobody")
+    await queue.park(request)
     waiter = asyncio.create_task(queue.wait_result("r1", 1.0))
     await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
     assert await pubsub_listeners(redis_client)
@@ -151,6 +154,9 @@ async def test_no_waiter_is_left_behind_after_timeouts_cancellations_and_outages
     redis_connections: RedisConnections,
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
+    for i in range(20):
+        await queue.park(order_request(f"t{i}"))
+    await queue.park(order_request("c1"))
     timed_out = await asyncio.gather(*(queue.wait_result(f"t{i}", 0.05) for i in range(20)))
     assert timed_out == [None] * 20
     assert queue.waiting_replies == 0
@@ -166,7 +172,7 @@ async def test_no_waiter_is_left_behind_after_timeouts_cancellations_and_outages
     down = open_connections("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
     unreachable = RedisOrderQueue(down)
     with pytest.raises(KeyValueStoreUnavailable):
-        await unreachable.wait_result("r1", 1.0)
+        await unreachable.wait_result("r1", 1.0, user_id="u1")
     assert unreachable.waiting_replies == 0
     await unreachable.aclose()
     await down.aclose()

@@ -90,7 +90,7 @@ class Stores:
 
     async def token_owner(self, token_hash: str) -> tuple[TradingAccount, User] | None:
         """The account and owner a webhook token resolves to (``webhook_owner``)."""
-        found = await self.accounts.webhook_owner(token_hash, orders_since=T0)
+        found = await self.accounts.webhook_owner(token_hash)
         return None if found is None else (found.account, found.user)
 
 
@@ -477,9 +477,7 @@ async def test_webhook_token_rotation_and_deletion(stores: Stores) -> None:
     assert await stores.token_owner("f" * 64) is None
 
 
-async def test_webhook_owner_reads_account_owner_allowed_ips_and_order_count(
-    stores: Stores,
-) -> None:
+async def test_webhook_owner_reads_account_owner_and_allowed_ips(stores: Stores) -> None:
     await two_users_with_accounts(stores)
     await stores.accounts.add(account(3, user_id="user-1"))
     entries = [
@@ -490,35 +488,20 @@ async def test_webhook_owner_reads_account_owner_allowed_ips_and_order_count(
     ]
     for e in entries:
         assert await stores.allowed_ips.add(e)
-    rows = [
-        order("o-1", created_at=at(-1)),
-        order("o-2", created_at=at(0)),
-        order("o-3", created_at=at(5), simulation=True, trading_account_id="acct-3"),
-        order("o-4", created_at=at(6), status=OrderStatus.CANCELLED),
-        order("o-x", user_id="user-2", created_at=at(7)),
-    ]
-    for r in rows:
-        await stores.orders.add(r)
 
-    found = await stores.accounts.webhook_owner(f"{1:064x}", orders_since=at(0))
+    found = await stores.accounts.webhook_owner(f"{1:064x}")
 
     assert found == WebhookOwner(
         account=account(1),
         user=user(1),
         allowed_ips=("203.0.113.7", "10.0.0.0/8", "2001:db8::/32"),
-        orders_since=3,
     )
     listed = await stores.allowed_ips.list_for_user("user-1")
     assert found is not None and found.allowed_ips == tuple(e.ip_address for e in listed)
-    assert found.orders_since == await stores.orders.count_since("user-1", at(0))
-    # the owner's orders on every account count, as count_since counts them (the daily cap)
-    via_other = await stores.accounts.webhook_owner(f"{3:064x}", orders_since=at(5))
+    via_other = await stores.accounts.webhook_owner(f"{3:064x}")
     assert via_other is not None and via_other.account == account(3, user_id="user-1")
-    assert via_other.orders_since == 2
-    later = await stores.accounts.webhook_owner(f"{1:064x}", orders_since=at(6.000001))
-    assert later is not None and later.orders_since == 0
-    other = await stores.accounts.webhook_owner(f"{2:064x}", orders_since=at(-10))
-    assert other == WebhookOwner(account(2, user_id="user-2"), user(2), ("198.51.100.1",), 1)
+    other = await stores.accounts.webhook_owner(f"{2:064x}")
+    assert other == WebhookOwner(account(2, user_id="user-2"), user(2), ("198.51.100.1",))
 
 
 async def test_webhook_owner_without_allowed_ips_or_orders_and_hidden_when_deleted(
@@ -527,11 +510,11 @@ async def test_webhook_owner_without_allowed_ips_or_orders_and_hidden_when_delet
     owner = user(1, disabled=True)
     assert await stores.users.add(owner)
     await stores.accounts.add(account(1))
-    found = await stores.accounts.webhook_owner(f"{1:064x}", orders_since=T0)
-    assert found == WebhookOwner(account(1), owner, (), 0)
-    assert await stores.accounts.webhook_owner(f"{9:064x}", orders_since=T0) is None
+    found = await stores.accounts.webhook_owner(f"{1:064x}")
+    assert found == WebhookOwner(account(1), owner, ())
+    assert await stores.accounts.webhook_owner(f"{9:064x}") is None
     assert await stores.accounts.save(account(1, deleted=True), previous=account(1))
-    assert await stores.accounts.webhook_owner(f"{1:064x}", orders_since=T0) is None
+    assert await stores.accounts.webhook_owner(f"{1:064x}") is None
 
 
 # --- order history -------------------------------------------------------------------------

@@ -702,6 +702,10 @@ class Api:
             body["credentials"] = dict(credentials)
         return await self._call("POST", "/trading/accounts", json=body, headers=browser.headers())
 
+    async def as_browser(self, browser: Browser, method: str, path: str, **kwargs: Any) -> Reply:
+        """Any dashboard call of the logged-in ``browser`` (``json=`` for a body)."""
+        return await self._call(method, path, headers=browser.headers(), **kwargs)
+
     async def verify_credentials(self, browser: Browser, account_id: str) -> Reply:
         """``POST /trading/accounts/{id}/verify-credentials`` (the API asks the venue)."""
         return await self._call(

@@ -52,13 +52,14 @@ async def test_redis_stopped_gives_503_on_order_paths_and_orders_resume_when_it_
     assert unavailable(dashboard), dashboard
     assert await api.ready_status() == 503
     orders = await account_orders(stack, account.trading_account_id)
-    # Nothing was acknowledged: the only new row is the dashboard order's intent, withdrawn
-    # when it could not be handed to the worker; the webhook stopped at its replay check.
+    # Nothing was acknowledged and nothing was written: the webhook stopped at its admission
+    # script (replay, rate limit and daily count in one call), the dashboard order at the
+    # daily count, which is kept in Redis and fails closed (an order it cannot count could
+    # pass the plan's cap), before any intent row.
     new = {i: s for i, s in orders.items() if i != before.body["order_id"]}
-    assert list(new.values()) == ["cancelled"], orders
-    # The rate limiter failed open: that intent exists only because the dashboard order
-    # passed every check, the first of which is the rate limiter - on the stopped Redis.
-    # (Failing closed would have answered 429, or 503 before the intent was written.)
+    assert new == {}, orders
+    # The dashboard order's rate-limit hit, the check before the daily count, failed open as
+    # the specification says the per-user limiter does.
     assert api.process is not None
     assert "admitting the request (fail open)" in api.process.output()
     assert len(await stack.db.broker_orders(account.trading_account_id)) == 1

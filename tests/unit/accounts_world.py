@@ -201,7 +201,7 @@ async def build(
 
 async def token_owner(world: World, token_hash: str) -> tuple[TradingAccount, User] | None:
     """The account and owner a webhook token resolves to (the webhook's lookup)."""
-    found = await world.accounts.webhook_owner(token_hash, orders_since=EPOCH)
+    found = await world.accounts.webhook_owner(token_hash)
     return None if found is None else (found.account, found.user)
 
 

@@ -77,7 +77,8 @@ def test_the_set_follows_the_settings() -> None:
     assert memory.in_process_workers and not system.in_process_workers
     assert type(memory.orders).__name__ == "MemoryOrderHistory"
     assert type(system.orders).__name__ == "PostgresOrderHistory"
-    assert system.stores.listeners == [system.queue, system.fill_tasks]  # type: ignore[attr-defined]
+    listeners = [system.accounts, system.queue, system.directory, system.fill_tasks]
+    assert system.stores.listeners == listeners  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

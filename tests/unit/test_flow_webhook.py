@@ -149,7 +149,8 @@ async def test_replay_is_refused_by_order_history_when_the_replay_store_lost_it(
     body = trader.body()
     assert isinstance(await trader.send(body), Accepted)
     fingerprint = last_entry(trader).metadata["payload_hash"]
-    await trader.system.replay.release(fingerprint)  # as after a Redis failover or flush
+    # as after a Redis failover or flush
+    await trader.system.replay.release(trader.user.id, fingerprint)
 
     outcome = await trader.send(body)
 

@@ -17,12 +17,14 @@ from tradecore.identity import Plan
 from tradecore.limits import PlanCaps
 from tradecore.orders import AlertAction
 from tradecore.ports.protection import Admission
+from tradecore.services.orders.daily_orders import daily_quota
 from tradecore.services.orders.dashboard_order import DashboardOrder
 from tradecore.services.orders.outcomes import Accepted
 from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
 from tradecore_adapters.memory.protection import (
+    MemoryDailyOrderCounter,
     MemoryRateLimiter,
     MemoryReplayStore,
     MemoryWebhookAdmission,
@@ -56,12 +58,17 @@ async def test_the_webhook_claims_and_counts_in_one_admission(
     monkeypatch.setattr(system.replay, "claim", separate)
     monkeypatch.setattr(system.limiter, "hit", separate)
 
-    outcome = await trader.send(trader.body())
+    first = await trader.send(trader.body())
+    # the day's first order found no counter: it was seeded, then the step ran again
+    assert len(calls) == 2 and calls[0] == calls[1]
+    calls.clear()
+    outcome = await trader.send(trader.body(quantity=2))
 
-    assert isinstance(outcome, Accepted)
-    ((fingerprint, ttl_s, user_id, limit, window_s),) = calls
+    assert isinstance(first, Accepted) and isinstance(outcome, Accepted)
+    ((fingerprint, ttl_s, user_id, limit, window_s, quota),) = calls
     assert fingerprint == trader.system.audit.all()[-1].entry.metadata["payload_hash"]
     assert (ttl_s, user_id, limit, window_s) == (300, trader.user.id, 60, 60.0)
+    assert quota == daily_quota(trader.user, system.clock.now(), system.settings.plan_caps)
 
 
 @pytest.mark.parametrize("settings", [THREE_A_MINUTE])
@@ -206,11 +213,11 @@ async def test_the_store_down_is_503_with_one_audit_entry(
 
 async def test_the_memory_admission_never_suspends(clock: FakeClock) -> None:
     replay, limiter = MemoryReplayStore(clock), MemoryRateLimiter(clock)
-    admission = MemoryWebhookAdmission(replay, limiter)
+    admission = MemoryWebhookAdmission(replay, limiter, MemoryDailyOrderCounter(clock))
 
     for fingerprint in ("fp1", "fp1", "fp2"):  # fresh, replay, refused by the limit of one
         step = admission.admit(fingerprint, 300, "u1", 1, 60)
         with pytest.raises(StopIteration) as done:
             step.send(None)  # runs to its end without giving the loop a turn
         assert isinstance(done.value.value, Admission)
-    assert replay.held("fp1") and not replay.held("fp2")
+    assert replay.held(replay.key("u1", "fp1")) and not replay.held(replay.key("u1", "fp2"))

@@ -1,6 +1,7 @@
-"""The webhook flow reads the owner, the allowed IPs and today's order count in one lookup
-(``TradingAccountRepository.webhook_owner``), still decides in the specification's order, and
-writes its success entry while the worker executes the order."""
+"""The webhook flow reads the owner and the allowed IPs in one lookup
+(``TradingAccountRepository.webhook_owner``), counts the daily cap in the key-value store (the
+order history is read once per user and day, to seed the count), still decides in the
+specification's order, and writes its success entry while the worker executes the order."""
 
 from __future__ import annotations
 
@@ -24,43 +25,46 @@ from tradecore.webhooks.checks import hash_secret
 
 
 async def owner_of(trader: Trader) -> WebhookOwner:
-    system = trader.system
-    found = await system.accounts.webhook_owner(
-        hash_secret(trader.token), orders_since=start_of_utc_day(system.clock.now())
-    )
+    found = await trader.system.accounts.webhook_owner(hash_secret(trader.token))
     assert found is not None
     return found
 
 
 def only_the_lookup(
-    trader: Trader, patch: pytest.MonkeyPatch, owner: WebhookOwner, since: list[datetime]
+    trader: Trader, patch: pytest.MonkeyPatch, owner: WebhookOwner, seeds: list[datetime]
 ) -> None:
-    """Serve ``owner`` from the one lookup; every other read of the same data fails."""
+    """Serve ``owner`` from the one lookup; the allowed IPs cannot be read elsewhere, and the
+    order count only to seed the day's counter (``seeds`` records each read)."""
 
-    async def lookup(token_hash: str, *, orders_since: datetime) -> WebhookOwner | None:
-        since.append(orders_since)
+    async def lookup(token_hash: str) -> WebhookOwner | None:
         return owner if token_hash == hash_secret(trader.token) else None
 
     async def refused(*args: object) -> object:
         raise AssertionError("the webhook path read this outside the token lookup")
 
     system = trader.system
+    count_since = system.orders.count_since
+
+    async def seed(user_id: str, since: datetime) -> int:
+        seeds.append(since)
+        return await count_since(user_id, since)
+
     patch.setattr(system.accounts, "webhook_owner", lookup)
     patch.setattr(system.allowed_ips, "list_for_user", refused)
-    patch.setattr(system.orders, "count_since", refused)
+    patch.setattr(system.orders, "count_since", seed)
 
 
-async def test_an_order_needs_only_the_one_lookup(
+async def test_an_order_needs_the_one_lookup_and_the_count_once_a_day(
     trader: Trader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner = await owner_of(trader)
-    since: list[datetime] = []
-    only_the_lookup(trader, monkeypatch, owner, since)
+    seeds: list[datetime] = []
+    only_the_lookup(trader, monkeypatch, owner, seeds)
 
-    outcome = await trader.send(trader.body())
+    outcomes = [await trader.send(trader.body(quantity=n)) for n in (1, 2, 3)]
 
-    assert isinstance(outcome, Accepted)
-    assert since == [start_of_utc_day(trader.system.clock.now())]
+    assert all(isinstance(o, Accepted) for o in outcomes)
+    assert seeds == [start_of_utc_day(trader.system.clock.now())]
 
 
 async def test_the_allowed_ips_come_from_the_lookup(
@@ -76,27 +80,38 @@ async def test_the_allowed_ips_come_from_the_lookup(
     assert isinstance(allowed, Accepted)
 
 
-async def test_the_daily_cap_reads_the_count_of_the_lookup(
-    trader: Trader, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def history_at_the_cap(trader: Trader, patch: pytest.MonkeyPatch) -> list[datetime]:
+    """The order history says the trader placed a whole day's cap already; the reads."""
     cap = trader.system.settings.plan_caps.cap(Plan.PRO)
     assert cap is not None
-    owner = attrs.evolve(await owner_of(trader), orders_since=cap)
-    only_the_lookup(trader, monkeypatch, owner, [])
+    seeds: list[datetime] = []
 
-    outcome = await trader.send(trader.body())
+    async def at_the_cap(user_id: str, since: datetime) -> int:
+        seeds.append(since)
+        return cap
 
-    assert isinstance(outcome, Rejected) and outcome.code == "daily_cap_reached"
-    assert trader.audit_actions() == [AuditAction.WEBHOOK_ORDER]
+    patch.setattr(trader.system.orders, "count_since", at_the_cap)
+    return seeds
+
+
+async def test_the_daily_cap_is_seeded_from_the_order_history(
+    trader: Trader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeds = history_at_the_cap(trader, monkeypatch)
+
+    outcomes = [await trader.send(trader.body(quantity=n)) for n in (1, 2)]
+
+    assert [o.code for o in outcomes if isinstance(o, Rejected)] == ["daily_cap_reached"] * 2
+    assert trader.audit_actions() == [AuditAction.WEBHOOK_ORDER] * 2
+    assert seeds == [start_of_utc_day(trader.system.clock.now())]  # once: the counter holds
 
 
 async def test_the_cap_still_decides_after_the_ip_check_replay_and_rate_limit(
     trader: Trader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cap = trader.system.settings.plan_caps.cap(Plan.PRO)
-    assert cap is not None
-    owner = attrs.evolve(await owner_of(trader), orders_since=cap, allowed_ips=("203.0.113.7",))
+    owner = attrs.evolve(await owner_of(trader), allowed_ips=("203.0.113.7",))
     only_the_lookup(trader, monkeypatch, owner, [])
+    history_at_the_cap(trader, monkeypatch)
     body = trader.body()
 
     from_elsewhere = await trader.send(body, ip=ATTACKER_IP)

@@ -32,48 +32,48 @@ def test_adapters_implement_the_ports(clock: FakeClock) -> None:
 
 async def test_replay_claim_is_set_if_absent(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
-    assert await store.claim("fp", 300)
-    assert not await store.claim("fp", 300)
-    assert await store.claim("other", 300)
+    assert await store.claim("u1", "fp", 300)
+    assert not await store.claim("u1", "fp", 300)
+    assert await store.claim("u1", "other", 300)
 
 
 async def test_replay_key_expires(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
-    assert await store.claim("fp", 300)
+    assert await store.claim("u1", "fp", 300)
     clock.advance(299.9)
-    assert not await store.claim("fp", 300)
+    assert not await store.claim("u1", "fp", 300)
     clock.advance(0.1)
-    assert await store.claim("fp", 300)
+    assert await store.claim("u1", "fp", 300)
 
 
 async def test_a_refused_claim_does_not_extend_the_key(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
-    await store.claim("fp", 10)
+    await store.claim("u1", "fp", 10)
     clock.advance(5)
-    assert not await store.claim("fp", 1000)
+    assert not await store.claim("u1", "fp", 1000)
     clock.advance(5)
-    assert await store.claim("fp", 10)
+    assert await store.claim("u1", "fp", 10)
 
 
 async def test_release_frees_the_key_and_is_idempotent(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
-    await store.claim("fp", 300)
-    await store.release("fp")
-    await store.release("fp")
-    await store.release("never-claimed")
-    assert await store.claim("fp", 300)
+    await store.claim("u1", "fp", 300)
+    await store.release("u1", "fp")
+    await store.release("u1", "fp")
+    await store.release("u1", "never-claimed")
+    assert await store.claim("u1", "fp", 300)
 
 
 async def test_concurrent_claims_of_one_fingerprint_have_one_winner(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
-    results = await asyncio.gather(*(store.claim("fp", 300) for _ in range(50)))
+    results = await asyncio.gather(*(store.claim("u1", "fp", 300) for _ in range(50)))
     assert results.count(True) == 1
 
 
 async def test_expired_replay_keys_do_not_accumulate(clock: FakeClock) -> None:
     store = MemoryReplayStore(clock)
     for i in range(3000):
-        await store.claim(f"fp-{i}", 1)
+        await store.claim("u1", f"fp-{i}", 1)
         clock.advance(0.01)
     assert len(store._keys) < 1500  # 3000 without sweeping
 

@@ -59,7 +59,10 @@ class OrderQueue(Protocol):
         ...
 
     async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
-        """The worker's reply to ``request_id``, or None when none came within ``timeout_s``."""
+        """The worker's reply to ``request_id``, or None when none came within ``timeout_s``.
+        Called on the queue that pushed or parked the request (the API process that handed
+        it over): an adapter may keep a reply where only the request's user says (Redis
+        keeps it in the user's cluster slot) and answer None for a request it never saw."""
         ...
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:

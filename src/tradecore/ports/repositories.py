@@ -141,14 +141,13 @@ class WebhookOwner:
     """What the webhook checks read about the owner of a webhook token, read in one lookup.
 
     ``allowed_ips``: the user's allowed addresses and CIDR blocks (``AllowedIp.ip_address``),
-    oldest first; empty means every address is allowed. ``orders_since``: the user's orders
-    (real and simulated) created at or after the instant the caller named.
+    oldest first; empty means every address is allowed. (The daily cap's count is the
+    key-value store's, ``DailyOrderCounter``, so the lookup carries none and may be cached.)
     """
 
     account: TradingAccount
     user: User
     allowed_ips: tuple[str, ...]
-    orders_since: int
 
 
 @runtime_checkable
@@ -159,14 +158,11 @@ class TradingAccountRepository(Protocol):
         """The account, deleted ones excluded."""
         ...
 
-    async def webhook_owner(
-        self, token_hash: str, *, orders_since: datetime
-    ) -> WebhookOwner | None:
+    async def webhook_owner(self, token_hash: str) -> WebhookOwner | None:
         """Layer 1 and the owner's data the next checks need, in one lookup: the live account
-        with that token digest, its owner, the owner's allowed IPs (as
-        ``AllowedIpRepository.list_for_user`` lists them) and the owner's order count since
-        ``orders_since`` (as ``OrderHistory.count_since`` counts it). None when no live account
-        has that digest."""
+        with that token digest, its owner and the owner's allowed IPs (as
+        ``AllowedIpRepository.list_for_user`` lists them). None when no live account has that
+        digest."""
         ...
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]: ...

@@ -175,8 +175,8 @@ class MemoryAllowedIpRepository:
 
 
 class MemoryTradingAccountRepository:
-    """The accounts; ``webhook_owner`` also reads the allowed IPs and the order history given
-    here (the stores of the same runtime)."""
+    """The accounts; ``webhook_owner`` also reads the allowed IPs given here (the stores of the
+    same runtime; ``orders`` is kept for the wiring, the lookup no longer counts orders)."""
 
     def __init__(
         self,
@@ -206,9 +206,7 @@ class MemoryTradingAccountRepository:
         user = await self._users.get(account.user_id)
         return None if user is None else (account, user)
 
-    async def webhook_owner(
-        self, token_hash: str, *, orders_since: datetime
-    ) -> WebhookOwner | None:
+    async def webhook_owner(self, token_hash: str) -> WebhookOwner | None:
         found = await self._by_token_hash(token_hash)
         if found is None:
             return None
@@ -218,7 +216,6 @@ class MemoryTradingAccountRepository:
             account=account,
             user=user,
             allowed_ips=tuple(e.ip_address for e in entries),
-            orders_since=await self._orders.count_since(user.id, orders_since),
         )
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]:

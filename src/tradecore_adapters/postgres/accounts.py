@@ -1,5 +1,5 @@
 """Trading accounts in Postgres; the webhook token lookup is one indexed join with the owner
-(and, for ``webhook_owner``, the owner's allowed IPs and order count in the same statement).
+(and, for ``webhook_owner``, the owner's allowed IPs in the same statement).
 
 Broker credentials are stored as the ciphertext the core hands over (``bytea``), never opened
 here. ``save`` is one compare-and-set statement on the changed and compared columns (see
@@ -9,7 +9,6 @@ here. ``save`` is one compare-and-set statement on the changed and compared colu
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -30,14 +29,11 @@ from tradecore_adapters.postgres.rows import (
 
 _OWNER = ", ".join(f"u.{c} AS owner_{c}" for c in USER_COLUMNS)
 # The token probe (one indexed join with the owner), plus the owner's allowed IPs
-# (user_allowed_ips_unique, led by user_id) and order count since an instant
-# (order_history_by_user): the scalar subqueries run only for the one matching row.
+# (user_allowed_ips_unique, led by user_id): the subquery runs only for the one matching row.
 _WEBHOOK_OWNER = (
     f"SELECT a.*, {_OWNER},"  # noqa: S608 - constant column names
     " ARRAY(SELECT ip.ip_address FROM user_allowed_ips ip WHERE ip.user_id = a.user_id"
-    " ORDER BY ip.created_at, ip.seq) AS webhook_allowed_ips,"
-    " (SELECT count(*) FROM order_history o WHERE o.user_id = a.user_id"
-    " AND o.created_at >= %(since)s) AS webhook_orders_since"
+    " ORDER BY ip.created_at, ip.seq) AS webhook_allowed_ips"
     " FROM trading_accounts a JOIN users u ON u.id = a.user_id"
     " WHERE a.webhook_token_hash = %(token_hash)s AND NOT a.deleted"
 )
@@ -116,18 +112,14 @@ class PostgresTradingAccountRepository:
         )
         return None if row is None else account_from_row(row)
 
-    async def webhook_owner(
-        self, token_hash: str, *, orders_since: datetime
-    ) -> WebhookOwner | None:
-        params = {"token_hash": token_hash, "since": orders_since}
-        row = await fetch_one(self._pool, _WEBHOOK_OWNER, params)
+    async def webhook_owner(self, token_hash: str) -> WebhookOwner | None:
+        row = await fetch_one(self._pool, _WEBHOOK_OWNER, {"token_hash": token_hash})
         if row is None:
             return None
         return WebhookOwner(
             account=account_from_row(row),
             user=user_from_row(row, "owner_"),
             allowed_ips=tuple(str(ip) for ip in row["webhook_allowed_ips"]),
-            orders_since=int(row["webhook_orders_since"]),
         )
 
     async def list_for_user(self, user_id: str) -> list[TradingAccount]:

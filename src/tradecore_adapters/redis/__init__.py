@@ -13,6 +13,7 @@ from tradecore_adapters.redis.fifo import RedisFillTaskQueue
 from tradecore_adapters.redis.messaging import RedisOrderQueue, RedisWorkerDirectory
 from tradecore_adapters.redis.protection import (
     RedisAlertThrottle,
+    RedisDailyOrderCounter,
     RedisRateLimiter,
     RedisReplayStore,
     RedisWebhookAdmission,
@@ -21,6 +22,7 @@ from tradecore_adapters.redis.protection import (
 __all__ = [
     "RedisAlertThrottle",
     "RedisConnections",
+    "RedisDailyOrderCounter",
     "RedisFillTaskQueue",
     "RedisOrderQueue",
     "RedisRateLimiter",

@@ -1,10 +1,18 @@
 """Redis clients with explicit timeouts, and wake-ups published over one pub/sub channel.
 
-Two clients share one server: ``commands`` for ordinary commands, bounded by a socket
-timeout, and ``blocking`` for blocking pops (BLPOP), which has no socket timeout because a
-pop legitimately waits longer; each blocking call is bounded by its own asyncio timeout
-instead. A cancelled call drops its connection (redis-py >= 5 does so), so a late reply is
-never read by another caller.
+Two clients share one store: ``commands`` for ordinary commands, bounded by a socket
+timeout, and ``blocking`` for blocking calls, which has no socket timeout because such a call
+legitimately waits longer; each blocking call is bounded by its own asyncio timeout instead.
+A cancelled call drops its connection (redis-py >= 5 does so), so a late reply is never read
+by another caller.
+
+The store is one server (``redis://`` or ``rediss://``, through ``redis.asyncio.Redis``) or a
+Redis Cluster (``redis+cluster://`` or ``rediss+cluster://`` with one or more comma-separated
+``host:port`` startup nodes, through ``redis.asyncio.cluster.RedisCluster``, which finds the
+other nodes and follows slot moves). Both clients have the same commands, scripts (EVALSHA
+is routed by its first key; every script here keeps its keys in one slot, see ``keys``),
+non-transactional pipelines (split per node on a cluster) and ``pubsub()`` (on a cluster,
+classic pub/sub on one node: a PUBLISH anywhere, a script's included, reaches every node).
 """
 
 from __future__ import annotations
@@ -12,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from urllib.parse import unquote
 
 import attrs
 from redis import exceptions as rx
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from tradecore_adapters.redis.errors import unavailable_on_failure
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS, check_shards
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +40,85 @@ DEFAULT_HEALTH_CHECK_S = 10
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_MAX_BLOCKING_CONNECTIONS = 512
 DEFAULT_POOL_TIMEOUT_S = 2.0
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+Client = Redis | RedisCluster
+"""A client of one server or of a cluster: the adapters use only what both offer."""
+
+
+_LISTENER_HEADROOM = 8
+"""Connections per node beyond the command bound, for the pub/sub listeners (which borrow
+from the node's pool) and the operators' pipelines."""
+
+
+class _Cluster(RedisCluster):
+    """A cluster client with the bounds of the single server's client.
+
+    It retries a command after a connection error or a cluster-state error (a failover, a
+    slot not yet covered) only, never after a read timeout, so a write that may have been
+    applied is not sent twice (redis-py also retries timeouts). At most ``command_slots``
+    commands are under way at once; a caller beyond them waits up to ``pool_timeout_s`` for
+    a slot, then fails with a ConnectionError, as with ``BlockingConnectionPool`` (redis-py's
+    cluster pools refuse at once when a node's connections are all in use).
+    """
+
+    ERRORS_ALLOW_RETRY = (  # type: ignore[assignment]  # narrower than redis-py's on purpose
+        rx.ConnectionError,
+        rx.ClusterDownError,
+        rx.SlotNotCoveredError,
+    )
+
+    def __init__(self, *, command_slots: int, pool_timeout_s: float, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._command_slots = asyncio.Semaphore(command_slots)
+        self._pool_timeout_s = pool_timeout_s
+
+    async def execute_command(self, *args: object, **kwargs: object) -> object:
+        try:
+            async with asyncio.timeout(self._pool_timeout_s):
+                await self._command_slots.acquire()
+        except TimeoutError:
+            raise rx.MaxConnectionsError(
+                f"no cluster connection free within {self._pool_timeout_s} s"
+            ) from None
+        try:
+            return await super().execute_command(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            self._command_slots.release()
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for a ``redis+cluster://`` or ``rediss+cluster://`` URL."""
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
+    """The startup nodes, user name, password and TLS flag of a cluster URL
+    ``redis[s]+cluster://[user[:password]@]host:port[,host:port...][/0]``. ValueError when a
+    node lacks its port, or a database other than 0 is named (a cluster has only 0)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in CLUSTER_SCHEMES:
+        raise ValueError("not a redis+cluster:// or rediss+cluster:// URL")
+    rest, _, query = rest.partition("?")
+    if query:
+        raise ValueError("a cluster URL takes no query parameters")
+    netloc, _, path = rest.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError("a cluster has only database 0")
+    userinfo, _, hosts = netloc.rpartition("@")
+    user: str | None = None
+    password: str | None = None
+    if userinfo:
+        name, has_password, secret = userinfo.partition(":")
+        user = unquote(name) or None
+        password = unquote(secret) if has_password else None
+    nodes: list[tuple[str, int]] = []
+    for part in hosts.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("every cluster node is host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes, user, password, scheme.lower() == "rediss+cluster"
 
 
 def connect(
@@ -68,14 +158,54 @@ def connect(
     return Redis.from_pool(pool)
 
 
+def connect_cluster(
+    url: str,
+    *,
+    socket_timeout_s: float | None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    health_check_interval_s: int = DEFAULT_HEALTH_CHECK_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
+    retries: int = 1,
+) -> RedisCluster:
+    """A cluster client for the cluster URL ``url`` (see ``cluster_nodes``), decoding replies
+    to ``str``, with the bounds of ``connect``: at most ``max_connections`` commands under
+    way (so at most that many connections to any node, plus a few for listeners), a caller
+    beyond them waiting up to ``pool_timeout_s``. Retries as ``_Cluster`` says. Nothing
+    connects until the first command, which reads the slot map from a startup node."""
+    nodes, user, password, tls = cluster_nodes(url)
+    return _Cluster(
+        command_slots=max_connections,
+        pool_timeout_s=pool_timeout_s,
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=user,
+        password=password,
+        ssl=tls,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        health_check_interval=health_check_interval_s,
+        max_connections=max_connections + _LISTENER_HEADROOM,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), retries),
+        decode_responses=True,
+    )
+
+
 @attrs.frozen
 class RedisConnections:
-    """The two clients of one server (see the module docstring). ``grace_s`` is added to a
-    blocking call's own timeout to bound it on the client side."""
+    """The two clients of one store (see the module docstring). ``grace_s`` is added to a
+    blocking call's own timeout to bound it on the client side. ``queue_shards`` is the
+    shard count of the shared queues (``keys``): the same in every process of a
+    deployment."""
 
-    commands: Redis
-    blocking: Redis
+    commands: Client
+    blocking: Client
     grace_s: float = DEFAULT_SOCKET_TIMEOUT_S
+    queue_shards: int = attrs.field(default=DEFAULT_SHARDS, converter=check_shards)
+
+    @property
+    def cluster(self) -> bool:
+        """True when the store is a Redis Cluster."""
+        return isinstance(self.commands, RedisCluster)
 
     async def check(self) -> None:
         """Return when the server answers a PING on each client (readiness); raise
@@ -98,9 +228,32 @@ def open_connections(
     health_check_interval_s: int = DEFAULT_HEALTH_CHECK_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_blocking_connections: int = DEFAULT_MAX_BLOCKING_CONNECTIONS,
+    queue_shards: int = DEFAULT_SHARDS,
 ) -> RedisConnections:
-    """The command and blocking clients for ``url`` with the given bounds; a caller waits for
-    a free connection at most ``socket_timeout_s``."""
+    """The command and blocking clients for ``url`` (one server, or a cluster URL) with the
+    given bounds; on one server a caller waits for a free connection at most
+    ``socket_timeout_s``."""
+    if is_cluster_url(url):
+        return RedisConnections(
+            connect_cluster(
+                url,
+                socket_timeout_s=socket_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                health_check_interval_s=health_check_interval_s,
+                max_connections=max_connections,
+                pool_timeout_s=socket_timeout_s,
+            ),
+            connect_cluster(
+                url,
+                socket_timeout_s=None,
+                connect_timeout_s=connect_timeout_s,
+                health_check_interval_s=health_check_interval_s,
+                max_connections=max_blocking_connections,
+                pool_timeout_s=socket_timeout_s,
+            ),
+            grace_s=socket_timeout_s,
+            queue_shards=queue_shards,
+        )
     commands = connect(
         url,
         socket_timeout_s=socket_timeout_s,
@@ -117,7 +270,7 @@ def open_connections(
         max_connections=max_blocking_connections,
         pool_timeout_s=socket_timeout_s,
     )
-    return RedisConnections(commands, blocking, grace_s=socket_timeout_s)
+    return RedisConnections(commands, blocking, grace_s=socket_timeout_s, queue_shards=queue_shards)
 
 
 def text(value: str | bytes) -> str:
@@ -141,7 +294,7 @@ class Wakeups:
     holds one connection; it starts with the first ``watch``.
     """
 
-    def __init__(self, client: Redis, channel: str) -> None:
+    def __init__(self, client: Client, channel: str) -> None:
         self._client = client
         self._channel = channel
         self._watchers: dict[str, set[asyncio.Event]] = {}

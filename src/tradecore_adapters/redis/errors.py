@@ -1,8 +1,9 @@
 """Translation of redis-py failures into the core's ``KeyValueStoreUnavailable``.
 
 Only failures of availability are translated: the server could not be reached or answered in
-time, is loading, read-only (a failover in progress), out of memory, or a cluster slot is down.
-Anything else (a wrong type, a script error) is a bug and propagates unchanged.
+time, is loading, read-only (a failover in progress), out of memory, or a cluster slot is down
+(or no node of a cluster answers while the client reads its slot map). Anything else (a wrong
+type, a script error, a cross-slot call) is a bug and propagates unchanged.
 """
 
 from __future__ import annotations
@@ -33,4 +34,10 @@ def unavailable_on_failure(operation: str) -> Iterator[None]:
     try:
         yield
     except UNAVAILABLE as e:
+        raise KeyValueStoreUnavailable(f"redis {operation}: {type(e).__name__}: {e}") from e
+    except rx.RedisClusterException as e:
+        # The cluster client wraps "no startup node reachable" (while it reads the slot map)
+        # around the connection error; other cluster exceptions (a cross-slot call) are bugs.
+        if not isinstance(e.__cause__, UNAVAILABLE):
+            raise
         raise KeyValueStoreUnavailable(f"redis {operation}: {type(e).__name__}: {e}") from e

@@ -1,12 +1,20 @@
 """The order-tasks FIFO queue on Redis: message groups, delays, visibility timeout, dead letter.
 
-Same observable behaviour as ``MemoryFillTaskQueue``: among the messages that are visible and
-whose group has nothing in flight, the oldest sent is delivered; a delivery makes its message
-invisible for the visibility timeout, after which it is delivered again with a higher
-``receive_count``; ``ack``, ``retry`` and ``dead_letter`` act only on the latest delivery of
-a message that was not settled since. Time is the server's clock (microseconds).
+Same observable behaviour as ``MemoryFillTaskQueue`` within a shard: among the messages that
+are visible and whose group has nothing in flight, the oldest sent is delivered; a delivery
+makes its message invisible for the visibility timeout, after which it is delivered again with
+a higher ``receive_count``; ``ack``, ``retry`` and ``dead_letter`` act only on the latest
+delivery of a message that was not settled since. Time is the server's clock (microseconds).
 
-Keys, under the prefix ``order-tasks.fifo`` (P):
+The queue is cut into shards (16 by default, ``keys``): a message goes to the shard of its
+group (the user id), so a user's checks keep their order and their deduplication, and no
+single Redis Cluster slot carries every user. A receive looks at the shards in turn, starting
+at the one after the shard it last served, so no shard starves; across shards (different
+users) the send order is not kept, as SQS FIFO keeps none across message groups. The counts
+and lists for operators (``pending_count``, ``dead_letters``) sum over the shards.
+
+Keys of one shard, under its prefix ``order-tasks.fifo:{sNN}`` (P; the hash tag ``{sNN}``
+puts all of them in one slot):
 
 * ``P:seq`` - message ids, in send order;
 * ``P:msg:{id}`` - a hash: ``body`` (the FillTask as JSON), ``group``, ``count`` (deliveries),
@@ -17,15 +25,21 @@ Keys, under the prefix ``order-tasks.fifo`` (P):
 * ``P:busy`` - a hash, group -> the id in flight;
 * ``P`` itself - a sorted set, group -> its oldest visible id, for groups with nothing in flight
   (the queue head: the lowest score is the next delivery);
-* ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}}`` oldest first;
+* ``P:dead`` - the dead-letter list, ``{"reason": ..., "task": {...}, "at": us}`` oldest first
+  (``at``, the server's time of the move, orders the letters of all shards);
 * ``P:dedup:{order_id}`` - set (NX) by a send, living for the deduplication window (300 s by
   default): while it exists, a send of the same order stores nothing (SQS FIFO's
-  deduplication by MessageDeduplicationId, here the order id).
+  deduplication by MessageDeduplicationId, here the order id; an order belongs to one user,
+  so to one shard).
 
-A receiver with nothing to take waits without polling: until the next timer is due (the
-receive script tells when), or until a wake-up on the channel ``P:wakeups``, which the other
-scripts publish when a message became deliverable (the queue head was empty) or a timer
-earlier than every other was set.
+Every script is called with P as its one key (the cluster routes it by that key) and reaches
+the shard's other keys from it; they share P's hash tag, so they are in P's slot.
+
+A receiver with nothing to take waits without polling: until the next timer of any shard is
+due (the receive script tells when), or until a wake-up on the channel
+``order-tasks.fifo:wakeups`` (one for all shards), which the other scripts publish when a
+message became deliverable (the shard's head was empty) or a timer earlier than every other
+of the shard was set.
 """
 
 from __future__ import annotations
@@ -34,13 +48,12 @@ import asyncio
 import contextlib
 import json
 
-from redis.asyncio import Redis
-
 from tradecore.fills import VISIBILITY_TIMEOUT_S
 from tradecore.ports.messaging import FillDelivery, FillTask
-from tradecore_adapters.redis.client import Wakeups, text
+from tradecore_adapters.redis.client import Client, Wakeups, text
 from tradecore_adapters.redis.codec import decode_task, encode_task, task_from_data
 from tradecore_adapters.redis.errors import unavailable_on_failure
+from tradecore_adapters.redis.keys import DEFAULT_SHARDS, check_shards, shard_of, shard_tag
 
 QUEUE_KEY = "order-tasks.fifo"
 DEAD_LETTER_SUFFIX = ":dead"
@@ -57,8 +70,10 @@ _TIMER_BATCH = 500
 DEDUP_WINDOW_S = 300.0
 """How long a sent order's task deduplicates further sends of that order (SQS FIFO's window)."""
 
+# ARGV[1] is the shard's prefix (= KEYS[1]), the last ARGV the wake-up channel.
 _COMMON = """
 local P = ARGV[1]
+local CHANNEL = ARGV[#ARGV]
 local TIMERS = P .. ':timers'
 local BUSY = P .. ':busy'
 local READY = P
@@ -100,7 +115,7 @@ local function notify(was_ready, id)
     local first = redis.call('ZRANGE', TIMERS, 0, 0)
     wake = first[1] == id
   end
-  if wake then redis.call('PUBLISH', P .. ':wakeups', 'ready') end
+  if wake then redis.call('PUBLISH', CHANNEL, 'ready') end
 end
 -- The message a receipt 'id.count' names, if that delivery is its latest and unsettled.
 local function current(receipt)
@@ -208,7 +223,9 @@ unplace(id, g)
 redis.call('DEL', msg(id))
 refresh(g)
 notify(was_ready, nil)
-local letter = '{"reason":' .. cjson.encode(ARGV[3]) .. ',"task":' .. body .. '}'
+local t = redis.call('TIME')
+local at = fmt(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local letter = '{"reason":' .. cjson.encode(ARGV[3]) .. ',"task":' .. body .. ',"at":' .. at .. '}'
 redis.call('RPUSH', P .. ':dead', letter)
 return 1
 """
@@ -222,24 +239,28 @@ def _micros(seconds: float) -> int:
 class RedisFillTaskQueue:
     """FillTaskQueue on Redis (keys and semantics in the module docstring).
 
-    ``receive`` waits, when nothing is deliverable, until the earliest timer or a wake-up
-    (module docstring); its listener holds one connection from the first wait until
-    ``aclose``. A send of an order already sent within ``dedup_window_s`` (by the server's
-    clock) does nothing. Raises KeyValueStoreUnavailable.
+    ``receive`` waits, when no shard has a deliverable message, until the earliest timer or
+    a wake-up (module docstring); its listener holds one connection from the first wait
+    until ``aclose``. A send of an order already sent within ``dedup_window_s`` (by the
+    server's clock) does nothing. A receipt is ``"{shard}/{id}.{count}"``. Raises
+    KeyValueStoreUnavailable.
     """
 
     def __init__(
         self,
-        client: Redis,
+        client: Client,
         visibility_timeout_s: float = VISIBILITY_TIMEOUT_S,
         *,
         prefix: str = QUEUE_KEY,
         dedup_window_s: float = DEDUP_WINDOW_S,
+        shards: int = DEFAULT_SHARDS,
     ) -> None:
         self._client = client
         self._visibility_us = _micros(visibility_timeout_s)
         self._dedup_window_ms = max(1, round(dedup_window_s * 1000))
         self._prefix = prefix
+        self._shards = [f"{prefix}:{shard_tag(n)}" for n in range(check_shards(shards))]
+        self._next_shard = 0
         self._wakeups = Wakeups(client, f"{prefix}:wakeups")
         self._send = client.register_script(_SEND)
         self._receive = client.register_script(_RECEIVE)
@@ -248,19 +269,23 @@ class RedisFillTaskQueue:
         self._dead_letter = client.register_script(_DEAD_LETTER)
 
     @property
-    def dead_letter_key(self) -> str:
-        return self._prefix + DEAD_LETTER_SUFFIX
+    def shard_prefixes(self) -> list[str]:
+        """The prefix of each shard, in shard order."""
+        return list(self._shards)
 
     async def send(self, task: FillTask, delay_s: float) -> None:
+        shard = self._shards[shard_of(task.user_id, len(self._shards))]
         with unavailable_on_failure("send fill task"):
             await self._send(
+                keys=[shard],
                 args=[
-                    self._prefix,
+                    shard,
                     encode_task(task),
                     task.user_id,
                     _micros(delay_s),
                     task.order_id,
                     self._dedup_window_ms,
+                    self._wakeups.channel,
                 ],
             )
 
@@ -295,45 +320,87 @@ class RedisFillTaskQueue:
             self._wakeups.unwatch(_READY, event)
 
     async def ack(self, delivery: FillDelivery) -> None:
+        shard, receipt = self._receipt(delivery)
+        if shard is None:
+            return
         with unavailable_on_failure("ack fill task"):
-            await self._ack(args=[self._prefix, delivery.receipt])
+            await self._ack(keys=[shard], args=[shard, receipt, self._wakeups.channel])
 
     async def retry(self, delivery: FillDelivery, delay_s: float) -> None:
+        shard, receipt = self._receipt(delivery)
+        if shard is None:
+            return
         with unavailable_on_failure("retry fill task"):
-            await self._retry(args=[self._prefix, delivery.receipt, _micros(delay_s)])
+            await self._retry(
+                keys=[shard], args=[shard, receipt, _micros(delay_s), self._wakeups.channel]
+            )
 
     async def dead_letter(self, delivery: FillDelivery, reason: str) -> None:
+        shard, receipt = self._receipt(delivery)
+        if shard is None:
+            return
         with unavailable_on_failure("dead-letter fill task"):
-            await self._dead_letter(args=[self._prefix, delivery.receipt, reason])
+            await self._dead_letter(
+                keys=[shard], args=[shard, receipt, reason, self._wakeups.channel]
+            )
 
     async def dead_letters(self) -> list[tuple[FillTask, str]]:
+        """The dead letters of every shard, oldest first (by the time each was moved)."""
+        entries: list[tuple[int, int, int, dict[str, object]]] = []
         with unavailable_on_failure("list dead letters"):
-            raws = await self._client.lrange(self.dead_letter_key, 0, -1)
-        letters: list[tuple[FillTask, str]] = []
-        for raw in raws:
-            entry = json.loads(raw)
-            letters.append((task_from_data(entry["task"]), str(entry["reason"])))
-        return letters
+            for number, shard in enumerate(self._shards):
+                raws = await self._client.lrange(shard + DEAD_LETTER_SUFFIX, 0, -1)
+                for position, raw in enumerate(raws):
+                    entry = json.loads(raw)
+                    entries.append((int(entry.get("at", 0)), number, position, entry))
+        entries.sort(key=lambda e: e[:3])
+        return [(task_from_data(e["task"]), str(e["reason"])) for *_, e in entries]
 
     async def pending_count(self) -> int:
-        """SCAN the message hashes (an operator's read, not a hot path): each unsettled
-        message has one, and settling deletes it."""
+        """SCAN the message hashes of every shard (an operator's read, not a hot path): each
+        unsettled message has one, and settling deletes it."""
         with unavailable_on_failure("count fill tasks"):
             return sum(
-                [1 async for _ in self._client.scan_iter(match=f"{self._prefix}:msg:*", count=500)]
+                [
+                    1
+                    async for _ in self._client.scan_iter(
+                        match=f"{self._prefix}:{{s*}}:msg:*", count=500
+                    )
+                ]
             )
 
+    def _receipt(self, delivery: FillDelivery) -> tuple[str | None, str]:
+        """The shard prefix and the shard's own receipt (``id.count``) of a receipt; no
+        shard for a receipt this queue never gave."""
+        number, slash, inner = delivery.receipt.partition("/")
+        if not slash or not number.isdigit() or int(number) >= len(self._shards):
+            return None, ""
+        return self._shards[int(number)], inner
+
     async def _receive_now(self) -> tuple[FillDelivery | None, float | None]:
-        """One look: the delivery, or None and the seconds until the earliest timer (None
-        when no timer is set)."""
+        """One look at every shard, from the one after the last served, until one delivers:
+        the delivery, or None and the seconds until the earliest timer of all shards (None
+        when no shard has a timer)."""
+        first = self._next_shard
+        count = len(self._shards)
+        earliest_us: int | None = None
         with unavailable_on_failure("receive fill task"):
-            found = await self._receive(
-                args=[self._prefix, self._visibility_us, _TIMER_BATCH],
-            )
-        if not text(found[0]):
-            next_us = int(found[1])
-            return None, None if next_us < 0 else next_us / 1_000_000
-        message_id, count, body = found
-        count = int(count)
-        delivery = FillDelivery(decode_task(text(body)), f"{text(message_id)}.{count}", count)
-        return delivery, None
+            for step in range(count):
+                number = (first + step) % count
+                shard = self._shards[number]
+                found = await self._receive(
+                    keys=[shard],
+                    args=[shard, self._visibility_us, _TIMER_BATCH, self._wakeups.channel],
+                )
+                if text(found[0]):
+                    self._next_shard = (number + 1) % count
+                    message_id, received_count, body = found
+                    received_count = int(received_count)
+                    receipt = f"{number}/{text(message_id)}.{received_count}"
+                    task = decode_task(text(body))
+                    return FillDelivery(task, receipt, received_count), None
+                next_us = int(found[1])
+                if next_us >= 0 and (earliest_us is None or next_us < earliest_us):
+                    earliest_us = next_us
+        self._next_shard = (first + 1) % count
+        return None, None if earliest_us is None else earliest_us / 1_000_000

@@ -1,6 +1,8 @@
 """The API <-> worker bus on Redis: the order queue and the worker directory.
 
-Keys (specification, "Internal messages", plus auxiliaries under the same prefixes):
+Keys (specification, "Internal messages", plus auxiliaries under the same prefixes). Every
+key of one user carries the user id as its hash tag (``keys``), so each script below touches
+one Redis Cluster slot; the braces are part of the names on a single server too:
 
 * ``worker:active:{user_id}`` - the active mark: the lease ``"{holder}:{token}"``, a string
   with a PX time to live;
@@ -9,18 +11,23 @@ Keys (specification, "Internal messages", plus auxiliaries under the same prefix
 * ``trading:user:{user_id}:requests`` - the request list (RPUSH by the API, oldest at the left);
 * ``trading:user:{user_id}:processing`` - the in-flight list: ``take`` moves a request there
   with LMOVE and only ``complete`` removes it, so a worker crash loses nothing;
-* ``trading:response:{request_id}`` - the reply list, one entry, expiring after 60 s;
+* ``trading:response:{user_id}:{request_id}`` - the reply list, one entry, expiring after
+  60 s; in the user's slot because ``complete`` writes it together with the in-flight list;
 * ``trading:replies:{process}`` - a waiting process's reply channel: ``complete`` publishes
   the request id there (the request's ``reply_to``) in the same script that writes the reply;
-* ``worker-control.fifo`` - the start-request list, and ``worker-control.fifo:pending`` the
-  set that deduplicates it while a user's request is pending.
+* ``worker-control.fifo:{sNN}`` - shard NN of the start-request list (a user's requests go to
+  shard ``crc32(user_id) % shards``), and ``worker-control.fifo:{sNN}:pending`` the set that
+  deduplicates it while a user's request is pending.
 
 Pushes publish the user id on the channel ``trading:user:requests:pushed`` in the same script,
 which wakes the user's waiting ``take`` in whichever host serves it: an idle worker holds no
-connection, so a host runs thousands of them on a handful of sockets. Replies go the same way
-back: each queue instance (one per API process) listens on its own reply channel with one
-connection, whatever the number of requests waiting, and the reply list stays the durable
-record that a waiter reads.
+connection, so a host runs thousands of them on a handful of sockets. Start requests publish
+their shard on ``worker-control.fifo:wakeups`` the same way, so a worker host waiting for one
+holds no connection either and looks at the shards (starting at a rotating one) only when
+woken. Replies go the same way back: each queue instance (one per API process) listens on its
+own reply channel with one connection, whatever the number of requests waiting, and the reply
+list stays the durable record that a waiter reads. The channels are classic pub/sub: on a
+cluster a PUBLISH, a script's included, reaches the subscribers of every node.
 """
 
 from __future__ import annotations
@@ -31,11 +38,11 @@ import uuid
 from collections.abc import Mapping
 
 import attrs
-from redis.asyncio import Redis
+from redis.crc import key_slot
 
 from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import QueueDepth, WorkerLease
-from tradecore_adapters.redis.client import RedisConnections, Wakeups, text
+from tradecore_adapters.redis.client import Client, RedisConnections, Wakeups, text
 from tradecore_adapters.redis.codec import (
     decode_request,
     decode_result,
@@ -43,43 +50,65 @@ from tradecore_adapters.redis.codec import (
     encode_result,
 )
 from tradecore_adapters.redis.errors import unavailable_on_failure
+from tradecore_adapters.redis.keys import shard_of, shard_tag, tagged
 
 REPLY_TTL_S = 60.0
 """A reply nobody collected is dropped after this long (the API waits at most 30 s)."""
 
 PUSHED_CHANNEL = "trading:user:requests:pushed"
 REPLY_CHANNEL_PREFIX = "trading:replies:"
-CONTROL_KEY = "worker-control.fifo"
-CONTROL_PENDING_KEY = "worker-control.fifo:pending"
+CONTROL_PREFIX = "worker-control.fifo"
+CONTROL_CHANNEL = "worker-control.fifo:wakeups"
 
 _RECHECK_S = 30.0
 """Longest wait of ``take`` without looking at the list. A wake-up is lost only while the
 listener reconnects, and every watcher is woken when it has (``Wakeups``); this bounds the
 wait should that ever fail, without making thousands of idle workers poll."""
-_MIN_BLOCK_S = 0.01
-"""Shortest server-side block: Redis reads a block under 1 ms as 0, which means forever."""
+_START = "start"
+"""The one wake-up name on the start-request channel."""
 _ACTIVE_POLL_FIRST_S = 0.001
 _ACTIVE_POLL_CAP_S = 0.02
 
 
+MARK_PREFIX = "worker:active:"
+USER_PREFIX = "trading:user:"
+_USER_LISTS = ("}:requests", "}:processing")
+
+
 def mark_key(user_id: str) -> str:
-    return f"worker:active:{user_id}"
+    return MARK_PREFIX + tagged(user_id)
 
 
 def fence_key(user_id: str) -> str:
-    return f"worker:fence:{user_id}"
+    return "worker:fence:" + tagged(user_id)
 
 
 def requests_key(user_id: str) -> str:
-    return f"trading:user:{user_id}:requests"
+    return f"{USER_PREFIX}{tagged(user_id)}:requests"
 
 
 def processing_key(user_id: str) -> str:
-    return f"trading:user:{user_id}:processing"
+    return f"{USER_PREFIX}{tagged(user_id)}:processing"
 
 
-def response_key(request_id: str) -> str:
-    return f"trading:response:{request_id}"
+def response_key(user_id: str, request_id: str) -> str:
+    return f"trading:response:{tagged(user_id)}:{request_id}"
+
+
+def control_keys(shard: int) -> tuple[str, str]:
+    """The start-request list and pending set of ``shard``."""
+    base = f"{CONTROL_PREFIX}:{shard_tag(shard)}"
+    return base, base + ":pending"
+
+
+def user_of_list(key: str) -> str | None:
+    """The user id of a request or in-flight list's key; None for any other key."""
+    if not key.startswith(USER_PREFIX + "{"):
+        return None
+    for suffix in _USER_LISTS:
+        if key.endswith(suffix):
+            return key[len(USER_PREFIX) + 1 : -len(suffix)] or None
+    return None
 
 
 # KEYS: mark, requests. ARGV: payload, channel, user id. Push only while the mark exists.
@@ -180,6 +209,9 @@ return renewed
 """
 _RENEW_BATCH = 200
 """Leases renewed by one script call (a call blocks the server for its length)."""
+_RENEW_PARALLEL = 16
+"""Renewal scripts in flight at once: on a cluster the marks spread over many slots, so a
+host's renewals are many small scripts (a cluster pipeline cannot carry scripts)."""
 
 # KEYS: mark. ARGV: token. Delete the lease only while it carries the token.
 _RELEASE = (
@@ -202,24 +234,23 @@ return 1
 """
 )
 
-# KEYS: control list, pending set. ARGV: user id. The set says "pending"; a user the set
-# names but the list lacks (a host took it and died before clearing the set) is pushed again.
+# KEYS: control list, pending set (of the user's shard). ARGV: user id, wake-up channel,
+# shard. The set says "pending"; a user the set names but the list lacks (a host took it and
+# died before clearing the set) is pushed again. A push wakes the waiting worker hosts.
 _REQUEST_START = """
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   redis.call('RPUSH', KEYS[1], ARGV[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
 end
 return 0
 """
 
-# KEYS: control list, pending set. ARGV: the user id just popped (or '' to pop here).
-# Clear the pending entry unless the user was requested again meanwhile.
-_SETTLE_START = """
-local user = ARGV[1]
-if user == '' then
-  user = redis.call('LPOP', KEYS[1])
-  if not user then return false end
-end
+# KEYS: control list, pending set (of one shard). Pop the oldest start request and clear
+# its pending entry unless the user was requested again meanwhile.
+_TAKE_START = """
+local user = redis.call('LPOP', KEYS[1])
+if not user then return false end
 if not redis.call('LPOS', KEYS[1], user) then redis.call('SREM', KEYS[2], user) end
 return user
 """
@@ -229,15 +260,19 @@ class RedisOrderQueue:
     """OrderQueue on Redis (keys in the module docstring).
 
     ``push`` and ``park`` address a request without ``reply_to`` to this instance's reply
-    channel; ``push`` appends only while the user's mark exists, in one script; ``take``
-    moves the oldest request to the in-flight list (LMOVE) and waits for a push through
+    channel and remember its user for ``wait_result`` (the reply key is in the user's slot);
+    ``push`` appends only while the user's mark exists, in one script; ``take`` moves the
+    oldest request to the in-flight list (LMOVE) and waits for a push through
     ``Wakeups`` without holding a connection; ``complete`` replaces the reply, sets its TTL,
     drops the request from the in-flight list and publishes the request id on its
     ``reply_to`` channel in one script (one round trip, atomic); ``wait_result`` watches its
     request id on the reply channel (``replies``, one connection for every waiter), then
     pops the reply list once, again at each notification or reconnection of the listener,
     and once more at its timeout: a lost notification delays a reply to the timeout, never
-    loses it. Raises KeyValueStoreUnavailable.
+    loses it. ``wait_result`` knows only the requests pushed or parked through this instance
+    (as the API process that hands an order over waits for it), for ``REPLY_TTL_S``, or
+    given their user; for any other request id it answers None at once. Raises
+    KeyValueStoreUnavailable.
     """
 
     def __init__(
@@ -254,6 +289,10 @@ class RedisOrderQueue:
         self._push = self._client.register_script(_PUSH)
         self._park = self._client.register_script(_PARK)
         self._complete = self._client.register_script(_COMPLETE)
+        # request id -> (user id, when the entry lapses), oldest first: whose reply key
+        # ``wait_result`` reads. Pruned as requests are handed over, so bounded by the
+        # requests of the last REPLY_TTL_S.
+        self._handed_over: dict[str, tuple[str, float]] = {}
 
     async def aclose(self) -> None:
         """Stop listening for pushes and replies (the clients stay open: their owner closes
@@ -268,6 +307,8 @@ class RedisOrderQueue:
                 keys=[mark_key(user), requests_key(user)],
                 args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
             )
+        if int(pushed):
+            self._remember(request)
         return bool(int(pushed))
 
     async def park(self, request: OrderRequest) -> None:
@@ -277,10 +318,34 @@ class RedisOrderQueue:
                 keys=[requests_key(user)],
                 args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
             )
+        self._remember(request)
 
-    async def wait_result(self, request_id: str, timeout_s: float) -> OrderResult | None:
+    def _remember(self, request: OrderRequest) -> None:
+        now = asyncio.get_running_loop().time()
+        for request_id, (_, lapses_at) in list(self._handed_over.items()):
+            if lapses_at > now:
+                break
+            del self._handed_over[request_id]
+        self._handed_over.pop(request.request_id, None)  # re-inserted last: newest
+        self._handed_over[request.request_id] = (request.user_id, now + REPLY_TTL_S)
+
+    async def wait_result(
+        self, request_id: str, timeout_s: float, *, user_id: str | None = None
+    ) -> OrderResult | None:
+        """The port's ``wait_result``; ``user_id`` names the request's user when the request
+        was not handed over through this instance (an operator's tool, a test)."""
+        if user_id is None:
+            known = self._handed_over.get(request_id)
+            if known is None:
+                return None
+            user_id = known[0]
+        return await self._wait_result(user_id, request_id, timeout_s)
+
+    async def _wait_result(
+        self, user_id: str, request_id: str, timeout_s: float
+    ) -> OrderResult | None:
         if timeout_s <= 0:
-            return await self._pop_reply(request_id)
+            return await self._pop_reply(user_id, request_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         # Watch before the first look, so a reply published after the look still wakes us.
@@ -288,7 +353,7 @@ class RedisOrderQueue:
         try:
             while True:
                 event.clear()
-                result = await self._pop_reply(request_id)
+                result = await self._pop_reply(user_id, request_id)
                 if result is not None:
                     return result
                 remaining = deadline - loop.time()
@@ -332,7 +397,10 @@ class RedisOrderQueue:
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
         with unavailable_on_failure("complete"):
             await self._complete(
-                keys=[response_key(request.request_id), processing_key(request.user_id)],
+                keys=[
+                    response_key(request.user_id, request.request_id),
+                    processing_key(request.user_id),
+                ],
                 args=[
                     encode_result(result),
                     _ms(REPLY_TTL_S),
@@ -351,11 +419,10 @@ class RedisOrderQueue:
         read their lengths in one pipeline; empty lists do not exist in Redis."""
         users: set[str] = set()
         with unavailable_on_failure("queue depths"):
-            async for raw in self._client.scan_iter(match="trading:user:*", count=500):
-                key = text(raw)
-                for suffix in (":requests", ":processing"):
-                    if key.endswith(suffix):
-                        users.add(key[len("trading:user:") : -len(suffix)])
+            async for raw in self._client.scan_iter(match=USER_PREFIX + "{*", count=500):
+                user_id = user_of_list(text(raw))
+                if user_id is not None:
+                    users.add(user_id)
             chosen = sorted(users)[: max(0, limit)]
             pipe = self._client.pipeline(transaction=False)
             for user_id in chosen:
@@ -372,10 +439,10 @@ class RedisOrderQueue:
             return request
         return attrs.evolve(request, reply_to=self._replies.channel)
 
-    async def _pop_reply(self, request_id: str) -> OrderResult | None:
+    async def _pop_reply(self, user_id: str, request_id: str) -> OrderResult | None:
         with unavailable_on_failure("wait for a reply"):
             raw: str | bytes | None = await self._client.lpop(  # type: ignore[assignment]
-                response_key(request_id)
+                response_key(user_id, request_id)
             )  # one element: LPOP without a count
         return None if raw is None else decode_result(raw)
 
@@ -391,25 +458,35 @@ class RedisWorkerDirectory:
     """WorkerDirectory on Redis (keys in the module docstring).
 
     ``acquire`` (with the INCR of the fencing token), ``renew``, ``release`` and ``retire``
-    are each one script (``renew_many``: one script per 200 leases), so a lease is compared
-    and changed in one step; ``request_start`` is deduplicated while the user's start request
-    is pending; ``next_start_request`` is a blocking pop bounded by its timeout;
-    ``wait_active`` polls the mark with a short backoff (1 ms doubling to 20 ms), so a cold
-    start is seen within milliseconds. Times to live are
-    the server's (PX, whole milliseconds, at least 1). Raises KeyValueStoreUnavailable.
+    are each one script (``renew_many``: one script per 200 leases, per slot on a cluster,
+    16 at a time), so a lease is compared and changed in one step; ``request_start`` is
+    deduplicated while the user's start request is pending, in the user's shard;
+    ``next_start_request`` looks at every shard, starting at the one after the last it
+    served (so no shard starves), and waits for a wake-up between looks (``Wakeups``: one
+    connection for the process, whatever the waiters); ``wait_active`` polls the mark with
+    a short backoff (1 ms doubling to 20 ms), so a cold start is seen within milliseconds.
+    Times to live are the server's (PX, whole milliseconds, at least 1). Raises
+    KeyValueStoreUnavailable.
     """
 
     def __init__(self, connections: RedisConnections) -> None:
-        self._client: Redis = connections.commands
-        self._blocking: Redis = connections.blocking
-        self._grace_s = connections.grace_s
+        self._client: Client = connections.commands
+        self._shards = connections.queue_shards
+        self._cluster = connections.cluster
+        self._next_shard = 0
+        self._starts = Wakeups(connections.commands, CONTROL_CHANNEL)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
         self._renew_many = self._client.register_script(_RENEW_MANY)
         self._release = self._client.register_script(_RELEASE)
         self._retire = self._client.register_script(_RETIRE)
         self._request_start = self._client.register_script(_REQUEST_START)
-        self._settle_start = self._client.register_script(_SETTLE_START)
+        self._take_start = self._client.register_script(_TAKE_START)
+
+    async def aclose(self) -> None:
+        """Stop listening for start requests (the clients stay open: their owner closes
+        them)."""
+        await self._starts.aclose()
 
     async def is_active(self, user_id: str) -> bool:
         with unavailable_on_failure("active mark"):
@@ -420,23 +497,25 @@ class RedisWorkerDirectory:
         list is non-empty and whose mark is absent."""
         found: list[str] = []
         with unavailable_on_failure("orphan sweep"):
-            async for raw in self._client.scan_iter(match="trading:user:*", count=500):
+            async for raw in self._client.scan_iter(match=USER_PREFIX + "{*", count=500):
                 key = text(raw)
-                for suffix in (":requests", ":processing"):
-                    if not key.endswith(suffix):
-                        continue
-                    user_id = key[len("trading:user:") : -len(suffix)]
-                    if user_id in found or await self._client.exists(mark_key(user_id)):
-                        continue
-                    if await self._client.llen(key):
-                        found.append(user_id)
+                user_id = user_of_list(key)
+                if user_id is None or user_id in found:
+                    continue
+                if await self._client.exists(mark_key(user_id)):
+                    continue
+                if await self._client.llen(key):
+                    found.append(user_id)
                 if len(found) >= limit:
                     break
         return found
 
     async def request_start(self, user_id: str) -> None:
+        shard = shard_of(user_id, self._shards)
         with unavailable_on_failure("start request"):
-            await self._request_start(keys=[CONTROL_KEY, CONTROL_PENDING_KEY], args=[user_id])
+            await self._request_start(
+                keys=list(control_keys(shard)), args=[user_id, CONTROL_CHANNEL, _START]
+            )
 
     async def wait_active(self, user_id: str, timeout_s: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -452,19 +531,41 @@ class RedisWorkerDirectory:
             pause = min(pause * 2, _ACTIVE_POLL_CAP_S)
 
     async def next_start_request(self, timeout_s: float) -> str | None:
-        keys = [CONTROL_KEY, CONTROL_PENDING_KEY]
-        with unavailable_on_failure("next start request"):
-            if timeout_s <= 0:
-                user = await self._settle_start(keys=keys, args=[""])
-                return None if user is None else text(user)
-            block_s = max(timeout_s, _MIN_BLOCK_S)
-            async with asyncio.timeout(block_s + self._grace_s):
-                popped = await self._blocking.blpop([CONTROL_KEY], timeout=block_s)
-            if popped is None:
-                return None
-            user = text(popped[1])
-            await self._settle_start(keys=keys, args=[user])
+        user = await self._take_any_start()
+        if user is not None or timeout_s <= 0:
             return user
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        event = self._starts.watch(_START)
+        try:
+            while True:
+                # Clear before looking, so a request after the look still wakes the wait.
+                event.clear()
+                user = await self._take_any_start()
+                if user is not None:
+                    return user
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, _RECHECK_S)):
+                        await event.wait()
+        finally:
+            self._starts.unwatch(_START, event)
+
+    async def _take_any_start(self) -> str | None:
+        """The oldest start request of the first shard that has one, looking from the shard
+        after the last one served; None when every shard is empty."""
+        first = self._next_shard
+        with unavailable_on_failure("next start request"):
+            for step in range(self._shards):
+                shard = (first + step) % self._shards
+                user = await self._take_start(keys=list(control_keys(shard)))
+                if user is not None:
+                    self._next_shard = (shard + 1) % self._shards
+                    return text(user)
+        self._next_shard = (first + 1) % self._shards
+        return None
 
     async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
         with unavailable_on_failure("acquire lease"):
@@ -479,17 +580,34 @@ class RedisWorkerDirectory:
         return bool(int(renewed))
 
     async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
-        users = list(leases)
         lost: set[str] = set()
-        with unavailable_on_failure("renew leases"):
-            for start in range(0, len(users), _RENEW_BATCH):
-                batch = users[start : start + _RENEW_BATCH]
+        batches = self._renew_batches(list(leases))
+        limit = asyncio.Semaphore(_RENEW_PARALLEL)
+
+        async def renew(batch: list[str]) -> None:
+            async with limit:
                 renewed = await self._renew_many(
                     keys=[mark_key(u) for u in batch],
                     args=[_ms(ttl_s), *(leases[u] for u in batch)],
                 )
-                lost.update(u for u, ok in zip(batch, renewed, strict=True) if not int(ok))
+            lost.update(u for u, ok in zip(batch, renewed, strict=True) if not int(ok))
+
+        with unavailable_on_failure("renew leases"):
+            await asyncio.gather(*(renew(batch) for batch in batches))
         return lost
+
+    def _renew_batches(self, users: list[str]) -> list[list[str]]:
+        """Batches of at most ``_RENEW_BATCH`` users whose marks share one slot on a cluster
+        (a script's keys must), any users on one server."""
+        groups: dict[int, list[str]] = {}
+        for user_id in users:
+            slot = key_slot(mark_key(user_id).encode()) if self._cluster else 0
+            groups.setdefault(slot, []).append(user_id)
+        return [
+            group[start : start + _RENEW_BATCH]
+            for group in groups.values()
+            for start in range(0, len(group), _RENEW_BATCH)
+        ]
 
     async def release(self, user_id: str, token: int) -> None:
         with unavailable_on_failure("release lease"):
@@ -498,17 +616,21 @@ class RedisWorkerDirectory:
     async def leases(self, limit: int = 1000) -> list[WorkerLease]:
         """SCAN the marks (an operator's read, not a hot path), then read them with MGET; a
         mark that expired in between is left out, as is a value that is not a lease."""
-        prefix = mark_key("")
+        pattern = MARK_PREFIX + "{*}"
         with unavailable_on_failure("leases"):
             keys = sorted(
-                {text(raw) async for raw in self._client.scan_iter(match=prefix + "*", count=500)}
+                {text(raw) async for raw in self._client.scan_iter(match=pattern, count=500)}
             )[: max(0, limit)]
-            values = await self._client.mget(keys) if keys else []
+            # GETs in a pipeline, not MGET: on a cluster the marks are in many slots.
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            values = await pipe.execute() if keys else []
         found: list[WorkerLease] = []
         for key, value in zip(keys, values, strict=True):
             holder, _, token = text(value).rpartition(":") if value is not None else ("", "", "")
             if holder and token.isdigit():
-                found.append(WorkerLease(key[len(prefix) :], holder, int(token)))
+                found.append(WorkerLease(key[len(MARK_PREFIX) + 1 : -1], holder, int(token)))
         return found
 
     async def retire(self, user_id: str, token: int) -> bool:

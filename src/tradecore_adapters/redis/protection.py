@@ -1,10 +1,14 @@
-"""Replay store, rate limiter, webhook admission and alert throttle on Redis.
+"""Replay store, rate limiter, daily order counter, webhook admission and alert throttle on
+Redis.
 
-Keys: ``webhook:replay:{fingerprint}`` (SET NX EX), ``ratelimit:{user_id}`` (a sorted set of
-admitted hits, microsecond scores from the server's clock), ``alert:throttle:{user_id}``
-(SET NX EX). Semantics match the in-memory adapters: the limiter applies
-``tradecore.limits.admit`` step for step inside one script, and the webhook admission runs
-the replay check, that same step and the replay claim inside another.
+Keys, each in its user's hash-tag slot (the braces are literal: one script's keys must share
+a slot on a Redis Cluster): ``webhook:replay:{user_id}:fingerprint`` (SET NX EX),
+``ratelimit:{user_id}`` (a sorted set of admitted hits, microsecond scores from the server's
+clock), ``orders:daily:{user_id}:yyyy-mm-dd`` (an integer created by ``seed`` with SET NX
+EXAT, incremented by ``take``), ``alert:throttle:{user_id}`` (SET NX EX). Semantics match the
+in-memory adapters: the limiter applies ``tradecore.limits.admit`` step for step inside one
+script, and the webhook admission runs the replay check, that same step, the replay claim and
+the daily count inside another.
 """
 
 from __future__ import annotations
@@ -12,39 +16,51 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-
-from redis.asyncio import Redis
+from datetime import date
 
 from tradecore.limits import RATE_KEY_TTL_S
-from tradecore.ports.protection import Admission, RateDecision
+from tradecore.ports.protection import Admission, DailyCount, DailyQuota, RateDecision
+from tradecore_adapters.redis.client import Client
 from tradecore_adapters.redis.errors import UNAVAILABLE, unavailable_on_failure
 
 log = logging.getLogger(__name__)
 
 REPLAY_PREFIX = "webhook:replay:"
 RATE_PREFIX = "ratelimit:"
+DAILY_PREFIX = "orders:daily:"
 ALERT_PREFIX = "alert:throttle:"
 
 
-class RedisReplayStore:
-    """ReplayStore: ``SET webhook:replay:{fingerprint} 1 NX EX ttl`` (a TTL below one second
-    is taken as one second); release deletes. Raises KeyValueStoreUnavailable."""
+def tagged(prefix: str, user_id: str) -> str:
+    """``prefix{user_id}``: the user's hash tag, so all of one user's keys share a slot."""
+    return f"{prefix}{{{user_id}}}"
 
-    def __init__(self, client: Redis, prefix: str = REPLAY_PREFIX) -> None:
+
+def daily_key(user_id: str, day: date, prefix: str = DAILY_PREFIX) -> str:
+    """The counter of ``user_id``'s orders on ``day`` (UTC)."""
+    return f"{tagged(prefix, user_id)}:{day.isoformat()}"
+
+
+class RedisReplayStore:
+    """ReplayStore: ``SET webhook:replay:{user_id}:fingerprint 1 NX EX ttl`` (a TTL below one
+    second is taken as one second); release deletes. Raises KeyValueStoreUnavailable."""
+
+    def __init__(self, client: Client, prefix: str = REPLAY_PREFIX) -> None:
         self._client = client
         self._prefix = prefix
 
-    def key(self, fingerprint: str) -> str:
-        return f"{self._prefix}{fingerprint}"
+    def key(self, user_id: str, fingerprint: str) -> str:
+        return f"{tagged(self._prefix, user_id)}:{fingerprint}"
 
-    async def claim(self, fingerprint: str, ttl_s: int) -> bool:
+    async def claim(self, user_id: str, fingerprint: str, ttl_s: int) -> bool:
+        key = self.key(user_id, fingerprint)
         with unavailable_on_failure("replay claim"):
-            stored = await self._client.set(self.key(fingerprint), "1", nx=True, ex=max(1, ttl_s))
+            stored = await self._client.set(key, "1", nx=True, ex=max(1, ttl_s))
         return bool(stored)
 
-    async def release(self, fingerprint: str) -> None:
+    async def release(self, user_id: str, fingerprint: str) -> None:
         with unavailable_on_failure("replay release"):
-            await self._client.delete(self.key(fingerprint))
+            await self._client.delete(self.key(user_id, fingerprint))
 
 
 # The sliding window, shared by the limiter's script and the webhook admission's script.
@@ -70,6 +86,19 @@ local function rate_hit(key, limit, window, ttl_ms, suffix)
 end
 """
 
+# The daily count, shared by the counter's script and the webhook admission's script. An
+# absent counter is left absent (the caller seeds it from the order history); a negative cap
+# is no cap. Returns 1 counted, 2 cap reached, 3 unseeded.
+_DAILY = """
+local function daily_take(key, cap)
+  local n = tonumber(redis.call('GET', key))
+  if n == nil then return 3 end
+  if cap >= 0 and n >= cap then return 2 end
+  redis.call('INCR', key)
+  return 1
+end
+"""
+
 # KEYS[1] the window; ARGV: limit, window (us), key TTL (ms), a unique member suffix.
 _HIT = (
     _WINDOW
@@ -78,22 +107,50 @@ return rate_hit(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])
 """
 )
 
-# KEYS[1] the replay key, KEYS[2] the window; ARGV[1..4] as for _HIT, ARGV[5] the replay TTL
-# (s). A replay returns {0} and touches nothing else; otherwise {1, allowed, remaining,
-# retry_after_us}, and the replay key was stored exactly when allowed.
+# KEYS[1] the daily counter; ARGV[1] the cap (negative: none).
+_TAKE = (
+    _DAILY
+    + """
+return daily_take(KEYS[1], tonumber(ARGV[1]))
+"""
+)
+
+# KEYS[1] the daily counter: one order taken back, never below zero, never created.
+_RELEASE = """
+local n = tonumber(redis.call('GET', KEYS[1]))
+if n ~= nil and n > 0 then
+  redis.call('DECR', KEYS[1])
+end
+return 0
+"""
+
+# KEYS[1] the replay key, KEYS[2] the window, KEYS[3] (optional) the daily counter; ARGV[1..4]
+# as for _HIT, ARGV[5] the replay TTL (s), ARGV[6] the daily cap (negative: none). A replay
+# returns {0} and touches nothing else; an absent daily counter returns {2} and touches
+# nothing; otherwise {1, allowed, remaining, retry_after_us, daily}, the replay key stored and
+# the daily step run exactly when allowed (daily: 0 not run, else as daily_take answers).
 _ADMIT = (
     _WINDOW
+    + _DAILY
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
 end
+local counted = #KEYS > 2
+if counted and redis.call('EXISTS', KEYS[3]) == 0 then
+  return {2}
+end
 local rate = rate_hit(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])
+local daily = 0
 if rate[1] == 1 then
   redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[5])
+  if counted then daily = daily_take(KEYS[3], tonumber(ARGV[6])) end
 end
-return {1, rate[1], rate[2], rate[3]}
+return {1, rate[1], rate[2], rate[3], daily}
 """
 )
+
+_DAILY_ANSWERS = {1: DailyCount.COUNTED, 2: DailyCount.CAP_REACHED, 3: DailyCount.UNSEEDED}
 
 
 def _window_args(limit: int, window_s: float) -> tuple[int, int]:
@@ -126,13 +183,13 @@ class RedisRateLimiter:
     the last admitted hit. Fails open: any error answers allowed.
     """
 
-    def __init__(self, client: Redis, prefix: str = RATE_PREFIX) -> None:
+    def __init__(self, client: Client, prefix: str = RATE_PREFIX) -> None:
         self._client = client
         self._prefix = prefix
         self._script = client.register_script(_HIT)
 
     def key(self, user_id: str) -> str:
-        return f"{self._prefix}{user_id}"
+        return tagged(self._prefix, user_id)
 
     async def hit(self, user_id: str, limit: int, window_s: float) -> RateDecision:
         try:
@@ -158,40 +215,105 @@ class RedisRateLimiter:
             log.exception("rate limiter failed; the hit stays counted")
 
 
+class RedisDailyOrderCounter:
+    """DailyOrderCounter: ``orders:daily:{user_id}:yyyy-mm-dd``, an integer. ``take`` is one
+    script (read, compare with the cap, INCR); ``seed`` is ``SET NX EXAT`` at the quota's
+    expiry; ``release`` is one script (DECR when above zero). The day is the caller's, never
+    the server's clock. ``take`` and ``seed`` raise KeyValueStoreUnavailable."""
+
+    def __init__(self, client: Client, prefix: str = DAILY_PREFIX) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._take = client.register_script(_TAKE)
+        self._release = client.register_script(_RELEASE)
+
+    def key(self, user_id: str, day: date) -> str:
+        return daily_key(user_id, day, self._prefix)
+
+    async def take(self, user_id: str, quota: DailyQuota) -> DailyCount:
+        with unavailable_on_failure("daily count"):
+            answer = await self._take(keys=[self.key(user_id, quota.day)], args=[_cap_arg(quota)])
+        return _DAILY_ANSWERS[int(answer)]
+
+    async def seed(self, user_id: str, quota: DailyQuota, count: int) -> bool:
+        key = self.key(user_id, quota.day)
+        with unavailable_on_failure("daily count seed"):
+            stored = await self._client.set(
+                key, max(0, count), nx=True, exat=math.ceil(quota.expires_at.timestamp())
+            )
+        return bool(stored)
+
+    async def release(self, user_id: str, day: date) -> None:
+        try:
+            await self._release(keys=[self.key(user_id, day)], args=[])
+        except UNAVAILABLE as e:
+            log.warning("daily counter unavailable (%s); the order stays counted", e)
+        except Exception:
+            log.exception("daily counter failed; the order stays counted")
+
+
+def _cap_arg(quota: DailyQuota) -> int:
+    return -1 if quota.cap is None else max(0, quota.cap)
+
+
 class RedisWebhookAdmission:
-    """WebhookAdmission: one script, so one round trip, over the replay key and the window.
+    """WebhookAdmission: one script, so one round trip, over the replay key, the window and
+    (with a quota) the daily counter.
 
-    The keys are those of RedisReplayStore and RedisRateLimiter with the same prefixes
-    (``webhook:replay:{fingerprint}``, ``ratelimit:{user_id}``): ``RedisReplayStore.release``
-    frees a claim made here, and the dashboard's ``RedisRateLimiter.hit`` counts in the same
-    window. The script checks the replay key (a replay touches nothing else), runs the
-    limiter's own window step (server clock, unique members, key TTL), and stores the replay
-    key (SET NX EX, a TTL below one second taken as one second) only when the hit was
-    admitted. Raises KeyValueStoreUnavailable; it does not fail open.
-
-    Both keys are passed as KEYS, so the script is correct on one server; on a Redis Cluster
-    both names would also need a shared hash tag to land in one slot.
+    The keys are those of RedisReplayStore, RedisRateLimiter and RedisDailyOrderCounter with
+    the same prefixes, all in the user's hash-tag slot: ``RedisReplayStore.release`` frees a
+    claim made here, and the dashboard's ``RedisRateLimiter.hit`` and
+    ``RedisDailyOrderCounter.take`` count in the same window and counter. The script checks
+    the replay key (a replay touches nothing else), then that the day's counter exists (an
+    absent one touches nothing: the caller seeds it), runs the limiter's own window step
+    (server clock, unique members, key TTL), and only when the hit was admitted stores the
+    replay key (SET NX EX, a TTL below one second taken as one second) and counts the order
+    against the cap. Raises KeyValueStoreUnavailable; it does not fail open.
     """
 
     def __init__(
-        self, client: Redis, replay_prefix: str = REPLAY_PREFIX, rate_prefix: str = RATE_PREFIX
+        self,
+        client: Client,
+        replay_prefix: str = REPLAY_PREFIX,
+        rate_prefix: str = RATE_PREFIX,
+        daily_prefix: str = DAILY_PREFIX,
     ) -> None:
         self._replay_prefix = replay_prefix
         self._rate_prefix = rate_prefix
+        self._daily_prefix = daily_prefix
         self._script = client.register_script(_ADMIT)
 
     async def admit(
-        self, fingerprint: str, ttl_s: int, user_id: str, limit: int, window_s: float
+        self,
+        fingerprint: str,
+        ttl_s: int,
+        user_id: str,
+        limit: int,
+        window_s: float,
+        quota: DailyQuota | None = None,
     ) -> Admission:
         window_us, ttl_ms = _window_args(limit, window_s)
+        keys = [
+            f"{tagged(self._replay_prefix, user_id)}:{fingerprint}",
+            tagged(self._rate_prefix, user_id),
+        ]
+        cap = -1
+        if quota is not None:
+            keys.append(daily_key(user_id, quota.day, self._daily_prefix))
+            cap = _cap_arg(quota)
+        args: list[str | int] = [limit, window_us, ttl_ms, secrets.token_hex(8), max(1, ttl_s), cap]
         with unavailable_on_failure("webhook admission"):
-            answer = await self._script(
-                keys=[f"{self._replay_prefix}{fingerprint}", f"{self._rate_prefix}{user_id}"],
-                args=[limit, window_us, ttl_ms, secrets.token_hex(8), max(1, ttl_s)],
-            )
-        if not int(answer[0]):
+            answer = await self._script(keys=keys, args=args)
+        if int(answer[0]) == 0:
             return Admission(fresh=False, rate=None)
-        return Admission(fresh=True, rate=_decision(*answer[1:]))
+        if int(answer[0]) == 2:
+            return Admission(fresh=True, rate=None, daily=DailyCount.UNSEEDED)
+        daily = int(answer[4])
+        return Admission(
+            fresh=True,
+            rate=_decision(*answer[1:4]),
+            daily=_DAILY_ANSWERS[daily] if daily else None,
+        )
 
 
 class RedisAlertThrottle:
@@ -199,7 +321,7 @@ class RedisAlertThrottle:
     period of zero or less claims without storing anything. Raises KeyValueStoreUnavailable.
     ``prefix`` separates throttles that share a server (e.g. password-reset mails)."""
 
-    def __init__(self, client: Redis, prefix: str = ALERT_PREFIX) -> None:
+    def __init__(self, client: Client, prefix: str = ALERT_PREFIX) -> None:
         self._client = client
         self._prefix = prefix
 

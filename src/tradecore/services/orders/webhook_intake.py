@@ -2,7 +2,7 @@
 
 1. strict parse (400 ``webhook_payload_invalid``);
 2. layer 1: the URL token resolves to account and user in one lookup (404 / 403 disabled),
-   which also reads the user's allowed IPs and today's order count (for step 5's daily cap);
+   which also reads the user's allowed IPs;
 3. the allowed-IP list (403 ``webhook_ip_blocked``), before anything of the user's is spent;
 4. layer 2 timestamp (401 ``webhook_timestamp_expired``, detail ``Request expired``), layer 3
    secret (401 ``webhook_credential_attack``) - both skipped in simulation - and layer 4
@@ -11,18 +11,24 @@
 5. the additional checks (rate limit, plan, daily cap, credentials, terms, symbol);
 6. the durable intent and the hand-off to the worker (OrderDispatcher).
 
-Layer 4 and the rate-limit hit are one step (``WebhookAdmission``, one round trip to the
-key-value store): a replay spends no rate-limit slot and a request refused by the rate limit
-(429) stores no replay key; the 409 still comes before the 429, the 429 before the rest.
+Layer 4, the rate-limit hit and the daily count are one step (``WebhookAdmission``, one round
+trip to the key-value store): a replay spends no rate-limit slot and a request refused by the
+rate limit (429) stores no replay key and no daily slot; the 409 still comes before the 429,
+the 429 before the rest. The daily slot is decided there and refused in its turn by the
+checks, which give it back when a later check refuses (``daily_orders``); a day's counter the
+store does not hold is seeded from the order history first (a second round trip, once per user
+and day or after the store lost its data).
 
 Every request leaves exactly one audit entry; the success entry is written while the worker
 executes the order, and the answer waits for both. A 5xx before the intent is durable releases
-the replay key, so the sender's retry of the same body is not refused as a replay.
+the replay key and the daily slot, so the sender's retry of the same body is not refused as a
+replay and the count stays the order history's.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import date
 from typing import Any
 
 from tradecore.attacks import (
@@ -33,15 +39,22 @@ from tradecore.attacks import (
     replay_metadata,
 )
 from tradecore.audit import AuditAction, RequestContext
-from tradecore.errors import StoreUnavailable
+from tradecore.errors import KeyValueStoreUnavailable, StoreUnavailable
+from tradecore.identity import User
 from tradecore.instruments import resolve_symbol
-from tradecore.limits import start_of_utc_day
 from tradecore.netaddr import ip_allowed
 from tradecore.orders import Source
-from tradecore.ports.protection import ReplayStore, WebhookAdmission
+from tradecore.ports.protection import (
+    Admission,
+    DailyCount,
+    DailyQuota,
+    ReplayStore,
+    WebhookAdmission,
+)
 from tradecore.ports.repositories import TradingAccountRepository
 from tradecore.ports.runtime import Clock
 from tradecore.services.audit.events import SecurityEvents
+from tradecore.services.orders.daily_orders import SEED_ATTEMPTS, DailyOrders, daily_quota
 from tradecore.services.orders.dispatch import Duplicate, OrderDispatcher, OrderIntent
 from tradecore.services.orders.order_checks import IP_NOT_ALLOWED, OrderChecks
 from tradecore.services.orders.outcomes import OrderOutcome
@@ -60,6 +73,15 @@ from tradecore.webhooks.payload import PayloadInvalid, parse_webhook_body
 log = logging.getLogger(__name__)
 
 
+class _Held:
+    """What this request holds in the key-value store and must give back if it fails before
+    its intent is durable: the replay claim and the daily slot (user id, fingerprint, day)."""
+
+    def __init__(self) -> None:
+        self.fingerprint: tuple[str, str] | None = None
+        self.daily: tuple[str, date] | None = None
+
+
 class WebhookIntake:
     """Validates a webhook and hands the order to the user's worker."""
 
@@ -68,6 +90,7 @@ class WebhookIntake:
         accounts: TradingAccountRepository,
         admission: WebhookAdmission,
         replay: ReplayStore,
+        daily: DailyOrders,
         checks: OrderChecks,
         dispatcher: OrderDispatcher,
         events: SecurityEvents,
@@ -77,6 +100,7 @@ class WebhookIntake:
         self._accounts = accounts
         self._admission = admission
         self._replay = replay
+        self._daily = daily
         self._checks = checks
         self._dispatcher = dispatcher
         self._events = events
@@ -87,14 +111,13 @@ class WebhookIntake:
         self, token: str, body: bytes, *, simulation: bool, context: RequestContext
     ) -> OrderOutcome:
         """Run the flow for one request; never raises for bad input or a store outage (503)."""
-        # Not @refuses_outages: an outage must first release the replay key this request claimed.
-        claimed: list[str] = []
+        # Not @refuses_outages: an outage must first give back what this request holds.
+        held = _Held()
         try:
-            return await self._handle(token, body, simulation, context, claimed)
+            return await self._handle(token, body, simulation, context, held)
         except StoreUnavailable:
             log.warning("webhook answered 503: a store is unavailable")
-            for fingerprint in claimed:
-                await self._release(fingerprint)
+            await self._release(held)
             return UNAVAILABLE
 
     async def _handle(
@@ -103,13 +126,11 @@ class WebhookIntake:
         body: bytes,
         simulation: bool,
         context: RequestContext,
-        claimed: list[str],
+        held: _Held,
     ) -> OrderOutcome:
         now = self._clock.now()
         payload = parse_webhook_body(body, simulation=simulation)
-        found = await self._accounts.webhook_owner(
-            hash_secret(token), orders_since=start_of_utc_day(now)
-        )
+        found = await self._accounts.webhook_owner(hash_secret(token))
 
         async def audit(
             action: AuditAction,
@@ -186,11 +207,9 @@ class WebhookIntake:
             payload.secret,
         )
         ttl = replay_ttl_seconds(now, payload.timestamp, account.max_request_age)
-        settings = self._settings
+        quota = daily_quota(user, now, self._settings.plan_caps)
         try:  # handled here: a key-value store outage is this request's one audit entry
-            admission = await self._admission.admit(
-                fingerprint, ttl, user.id, settings.rate_limit_per_minute, settings.rate_window_s
-            )
+            admission = await self._admit(fingerprint, ttl, user, quota)
         except StoreUnavailable:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message="key-value store down")
             return UNAVAILABLE
@@ -204,8 +223,9 @@ class WebhookIntake:
             )
             return replay_refusal
         if admission.claimed:
-            claimed.append(fingerprint)
+            held.fingerprint = (user.id, fingerprint)
 
+        # the checks give the daily slot back themselves when they refuse or fail
         refusal = await self._checks.check(
             user,
             account,
@@ -214,9 +234,11 @@ class WebhookIntake:
             simulation=simulation,
             source=Source.WEBHOOK,
             now=now,
-            orders_today=found.orders_since,
             rate=admission.rate,
+            daily=admission.daily,
         )
+        if refusal is None and admission.daily is DailyCount.COUNTED:
+            held.daily = (user.id, quota.day)
         if refusal is not None:
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=refusal.detail)
             return refusal
@@ -235,7 +257,7 @@ class WebhookIntake:
         )
 
         async def record_order(order_id: str) -> None:
-            claimed.clear()  # from here on the order exists: the key must stay
+            held.fingerprint = None  # from here on the order exists: the key must stay
             await audit(
                 AuditAction.WEBHOOK_ORDER,
                 True,
@@ -248,6 +270,9 @@ class WebhookIntake:
                 },
             )
 
+        # From the write on, the order row may exist: the slot stays counted unless the order
+        # history refuses the row outright (a duplicate), as count_since counts every row.
+        daily_slot, held.daily = held.daily, None
         try:
             dispatched = await self._dispatcher.dispatch(
                 intent,
@@ -256,6 +281,8 @@ class WebhookIntake:
                 on_committed=record_order,
             )
         except Duplicate:
+            if daily_slot is not None:
+                await self._daily.release(*daily_slot)
             await audit(
                 AuditAction.WEBHOOK_REPLAY_ATTACK,
                 False,
@@ -267,12 +294,36 @@ class WebhookIntake:
         if isinstance(outcome, Rejected):
             # refused before the intent was durable (a success ran record_order, which keeps
             # the key): the sender's retry of the same body must not be a replay
-            await self._release(fingerprint)
+            await self._release(held)
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=outcome.detail)
         return outcome
 
-    async def _release(self, fingerprint: str) -> None:
+    async def _admit(self, fingerprint: str, ttl: int, user: User, quota: DailyQuota) -> Admission:
+        """The admission step, seeding the day's counter first when the store lacks it."""
+        settings = self._settings
+        for _ in range(SEED_ATTEMPTS):
+            admission = await self._admission.admit(
+                fingerprint,
+                ttl,
+                user.id,
+                settings.rate_limit_per_minute,
+                settings.rate_window_s,
+                quota,
+            )
+            if not admission.unseeded:
+                return admission
+            await self._daily.seed(user.id, quota)
+        raise KeyValueStoreUnavailable("the daily order counter could not be seeded")
+
+    async def _release(self, held: _Held) -> None:
+        """Give back what the request holds (each at most once)."""
+        daily, held.daily = held.daily, None
+        if daily is not None:
+            await self._daily.release(*daily)
+        fingerprint, held.fingerprint = held.fingerprint, None
+        if fingerprint is None:
+            return
         try:
-            await self._replay.release(fingerprint)
+            await self._replay.release(*fingerprint)
         except StoreUnavailable:
             log.warning("replay key could not be released; the sender's retry may see 409")
