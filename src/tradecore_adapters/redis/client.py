@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 from urllib.parse import unquote
 
 import attrs
@@ -31,6 +33,8 @@ from redis.backoff import ExponentialBackoff
 
 from tradecore_adapters.redis.errors import unavailable_on_failure
 from tradecore_adapters.redis.keys import DEFAULT_SHARDS, check_shards
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +321,46 @@ class Wakeups:
         """Names with at least one watcher now."""
         return len(self._watchers)
 
+    async def look_until(
+        self,
+        name: str,
+        look: Callable[[], Awaitable[T | None]],
+        timeout_s: float,
+        recheck_s: float | None = None,
+        *,
+        look_at_deadline: bool = True,
+    ) -> T | None:
+        """What ``look()`` finds (not None), looking again at each wake-up of ``name`` and at
+        least every ``recheck_s``, until ``timeout_s`` has passed; None when nothing was found
+        in time. A ``timeout_s`` of zero or less looks once, without watching. The event is
+        cleared before each look, so a wake-up that comes after a look still ends the wait.
+        A wait that reaches the deadline with no wake-up looks a last time only with
+        ``look_at_deadline``: a waiter whose wake-up may be lost wants it (a reply), while
+        thousands of idle workers polling their lists must not each cost a round trip per
+        timeout."""
+        if timeout_s <= 0:
+            return await look()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        event = self.watch(name)
+        try:
+            while True:
+                event.clear()
+                found = await look()
+                if found is not None:
+                    return found
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                wait_s = remaining if recheck_s is None else min(remaining, recheck_s)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await event.wait()
+                if not look_at_deadline and not event.is_set() and deadline - loop.time() <= 0:
+                    return None
+        finally:
+            self.unwatch(name, event)
+
     def unwatch(self, name: str, event: asyncio.Event) -> None:
         events = self._watchers.get(name)
         if events is not None:
@@ -343,36 +387,80 @@ class Wakeups:
                 event.set()
 
     async def _listen(self) -> None:
-        backoff = _BACKOFF_FIRST_S
-        me = asyncio.current_task()
-        assert me is not None
-        while True:
-            pubsub = self._client.pubsub()
-            try:
-                await pubsub.subscribe(self._channel)
-                while True:
-                    message = await pubsub.get_message(timeout=_LISTEN_SLICE_S)
-                    if me.cancelling():
-                        # redis-py may absorb a cancellation that lands inside a read with a
-                        # timeout; ``aclose`` must not wait for a listener that goes on.
-                        raise asyncio.CancelledError
-                    if message is None:
-                        continue
-                    kind = message.get("type")
-                    if kind == "message":
-                        self._ring(text(message["data"]))
-                    elif kind == "subscribe":
-                        # Confirmed, at first or after redis-py reconnected on its own: what
-                        # was published before is unseen, so every watcher looks again.
-                        backoff = _BACKOFF_FIRST_S
-                        self._ring_all()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("wake-ups on %s interrupted (%s); reconnecting", self._channel, e)
-                self._ring_all()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_CAP_S)
-            finally:
+        await listen(self._client, self._channel, _WakeupSubscriber(self), "wake-ups")
+
+
+class _WakeupSubscriber:
+    """What a ``Wakeups`` does with its channel: a message wakes its name; a confirmed
+    subscription and an interruption wake everyone (what was published meanwhile is unseen,
+    so every watcher looks again)."""
+
+    def __init__(self, wakeups: Wakeups) -> None:
+        self._wakeups = wakeups
+
+    def message(self, data: str) -> None:
+        self._wakeups._ring(data)
+
+    def confirmed(self) -> None:
+        self._wakeups._ring_all()
+
+    def interrupted(self) -> None:
+        self._wakeups._ring_all()
+
+
+class Subscriber(Protocol):
+    """Told by ``listen`` what happens on its channel."""
+
+    def message(self, data: str) -> None:
+        """A message was published on the channel."""
+
+    def confirmed(self) -> None:
+        """Redis confirmed the subscription: at first, and after every reconnection
+        (redis-py's own included); messages published before it may be unseen."""
+
+    def interrupted(self) -> None:
+        """The connection failed or the listener stops: messages may be missed from now on
+        until the next ``confirmed``."""
+
+
+async def listen(client: Client, channel: str, subscriber: Subscriber, what: str) -> None:
+    """Listen to ``channel`` on a pub/sub connection of its own until cancelled, telling
+    ``subscriber``; after a failure, reconnect with a pause growing from 50 ms to 2 s (reset
+    by a confirmed subscription), logging the failure as ``what``. On a cluster the client
+    first reads the node map (its pub/sub needs it)."""
+    backoff = _BACKOFF_FIRST_S
+    me = asyncio.current_task()
+    assert me is not None
+    while True:
+        pubsub = None
+        try:
+            if isinstance(client, RedisCluster):
+                await client.initialize()
+            pubsub = client.pubsub()
+            await pubsub.subscribe(channel)
+            while True:
+                message = await pubsub.get_message(timeout=_LISTEN_SLICE_S)
+                if me.cancelling():
+                    # redis-py may absorb a cancellation that lands inside a read with a
+                    # timeout; whoever cancels must not wait for a listener that goes on.
+                    raise asyncio.CancelledError
+                if message is None:
+                    continue
+                kind = message.get("type")
+                if kind == "message":
+                    subscriber.message(text(message["data"]))
+                elif kind == "subscribe":
+                    backoff = _BACKOFF_FIRST_S
+                    subscriber.confirmed()
+        except asyncio.CancelledError:
+            subscriber.interrupted()
+            raise
+        except Exception as e:
+            subscriber.interrupted()
+            log.warning("%s on %s interrupted (%s); reconnecting", what, channel, e)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_CAP_S)
+        finally:
+            if pubsub is not None:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -33,7 +33,6 @@ cluster a PUBLISH, a script's included, reaches the subscribers of every node.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Mapping
 
@@ -344,26 +343,10 @@ class RedisOrderQueue:
     async def _wait_result(
         self, user_id: str, request_id: str, timeout_s: float
     ) -> OrderResult | None:
-        if timeout_s <= 0:
+        async def look() -> OrderResult | None:
             return await self._pop_reply(user_id, request_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        # Watch before the first look, so a reply published after the look still wakes us.
-        event = self._replies.watch(request_id)
-        try:
-            while True:
-                event.clear()
-                result = await self._pop_reply(user_id, request_id)
-                if result is not None:
-                    return result
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await event.wait()
-        finally:
-            self._replies.unwatch(request_id, event)
+
+        return await self._replies.look_until(request_id, look, timeout_s)
 
     @property
     def waiting_replies(self) -> int:
@@ -371,28 +354,12 @@ class RedisOrderQueue:
         return self._replies.watched
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
-        if timeout_s <= 0:
+        async def look() -> OrderRequest | None:
             return await self._move_oldest(user_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        event = self._wakeups.watch(user_id)
-        try:
-            while True:
-                # Clear before looking, so a push after the look still wakes the wait.
-                event.clear()
-                request = await self._move_oldest(user_id)
-                if request is not None:
-                    return request
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(remaining, _RECHECK_S)):
-                        await event.wait()
-                if not event.is_set() and deadline - loop.time() <= 0:
-                    return None
-        finally:
-            self._wakeups.unwatch(user_id, event)
+
+        return await self._wakeups.look_until(
+            user_id, look, timeout_s, _RECHECK_S, look_at_deadline=False
+        )
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
         with unavailable_on_failure("complete"):
@@ -531,27 +498,7 @@ class RedisWorkerDirectory:
             pause = min(pause * 2, _ACTIVE_POLL_CAP_S)
 
     async def next_start_request(self, timeout_s: float) -> str | None:
-        user = await self._take_any_start()
-        if user is not None or timeout_s <= 0:
-            return user
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        event = self._starts.watch(_START)
-        try:
-            while True:
-                # Clear before looking, so a request after the look still wakes the wait.
-                event.clear()
-                user = await self._take_any_start()
-                if user is not None:
-                    return user
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(remaining, _RECHECK_S)):
-                        await event.wait()
-        finally:
-            self._starts.unwatch(_START, event)
+        return await self._starts.look_until(_START, self._take_any_start, timeout_s, _RECHECK_S)
 
     async def _take_any_start(self) -> str | None:
         """The oldest start request of the first shard that has one, looking from the shard

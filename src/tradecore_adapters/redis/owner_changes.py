@@ -18,24 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from tradecore.ports.owner_changes import OwnerChangeListener
+from tradecore_adapters.redis.client import listen
 from tradecore_adapters.redis.errors import unavailable_on_failure
 
-log = logging.getLogger(__name__)
-
 OWNER_CHANGES_CHANNEL = "webhook:owners:changed"
-_LISTEN_SLICE_S = 1.0
-_BACKOFF_FIRST_S = 0.05
-_BACKOFF_CAP_S = 2.0
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisOwnerChanges:
@@ -76,45 +67,22 @@ class RedisOwnerChanges:
             listener.interrupted()
 
     async def _listen(self) -> None:
-        backoff = _BACKOFF_FIRST_S
-        me = asyncio.current_task()
-        assert me is not None
-        while True:
-            pubsub = None
-            try:
-                if isinstance(self._client, RedisCluster):
-                    # a cluster's pub/sub needs the node map, read by the first command
-                    await self._client.initialize()
-                pubsub = self._client.pubsub()
-                await pubsub.subscribe(self._channel)
-                while True:
-                    message = await pubsub.get_message(timeout=_LISTEN_SLICE_S)
-                    if me.cancelling():
-                        # redis-py may absorb a cancellation that lands inside a read with a
-                        # timeout; ``aclose`` must not wait for a listener that goes on.
-                        raise asyncio.CancelledError
-                    if message is None:
-                        continue
-                    kind = message.get("type")
-                    if kind == "message":
-                        user_id = _text(message["data"])
-                        for listener in self._listeners:
-                            listener.changed(user_id)
-                    elif kind == "subscribe":
-                        # confirmed, at first or after redis-py reconnected on its own: what
-                        # was published before may be unseen
-                        backoff = _BACKOFF_FIRST_S
-                        for listener in self._listeners:
-                            listener.resubscribed()
-            except asyncio.CancelledError:
-                self._tell_interrupted()
-                raise
-            except Exception as e:
-                self._tell_interrupted()
-                log.warning("owner changes on %s interrupted (%s); reconnecting", self._channel, e)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_CAP_S)
-            finally:
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await listen(self._client, self._channel, _Announcements(self), "owner changes")
+
+
+class _Announcements:
+    """The channel's events, passed on to every listener of a ``RedisOwnerChanges``."""
+
+    def __init__(self, changes: RedisOwnerChanges) -> None:
+        self._changes = changes
+
+    def message(self, data: str) -> None:
+        for listener in self._changes._listeners:
+            listener.changed(data)
+
+    def confirmed(self) -> None:
+        for listener in self._changes._listeners:
+            listener.resubscribed()
+
+    def interrupted(self) -> None:
+        self._changes._tell_interrupted()
