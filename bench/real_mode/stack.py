@@ -35,7 +35,6 @@ from psycopg import sql
 from tradecore.identity import Plan
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
 from tradecore_adapters.postgres import migrate
-from tradecore_adapters.redis.client import cluster_nodes, is_cluster_url
 from tradecore_entrypoints.container import build_container
 from tradecore_entrypoints.settings import Settings
 
@@ -64,9 +63,21 @@ _CONFIG_VARIABLES = (
 )
 
 
+def is_cluster_url(url: str) -> bool:
+    """A ``redis+cluster://`` URL (written here, not imported, so that the benchmark also
+    drives builds from before cluster support, through PYTHONPATH)."""
+    return url.split("://", 1)[0].lower() in ("redis+cluster", "rediss+cluster")
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The ``host:port`` nodes of a cluster URL (no credentials: the benchmark's own)."""
+    nodes = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    return [(host, int(port)) for host, port in (n.rsplit(":", 1) for n in nodes.split(","))]
+
+
 def _loopback(url: str) -> None:
     hosts = (
-        [host for host, _ in cluster_nodes(url)[0]]
+        [host for host, _ in cluster_nodes(url)]
         if is_cluster_url(url)
         else [urlsplit(url).hostname]
     )
@@ -80,7 +91,7 @@ def flush_redis(url: str) -> None:
     if not is_cluster_url(url):
         clients = [redis.Redis.from_url(url, socket_timeout=2.0)]
     else:
-        host, port = cluster_nodes(url)[0][0]
+        host, port = cluster_nodes(url)[0]
         seed = redis.Redis(host=host, port=port, socket_timeout=2.0, decode_responses=True)
         try:
             # {"host:port": {"flags": "myself,master", ...}} (redis-py parses CLUSTER NODES)
