@@ -50,6 +50,7 @@ import json
 
 from tradecore.fills import VISIBILITY_TIMEOUT_S
 from tradecore.ports.messaging import FillDelivery, FillTask
+from tradecore_adapters.redis.batching import shared_batcher
 from tradecore_adapters.redis.client import Client, Wakeups, text
 from tradecore_adapters.redis.codec import decode_task, encode_task, task_from_data
 from tradecore_adapters.redis.errors import unavailable_on_failure
@@ -263,6 +264,7 @@ class RedisFillTaskQueue:
         self._next_shard = 0
         self._wakeups = Wakeups(client, f"{prefix}:wakeups")
         self._send = client.register_script(_SEND)
+        self._batch = shared_batcher(client)  # sends share pipelines (``batching``)
         self._receive = client.register_script(_RECEIVE)
         self._ack = client.register_script(_ACK)
         self._retry = client.register_script(_RETRY)
@@ -276,9 +278,10 @@ class RedisFillTaskQueue:
     async def send(self, task: FillTask, delay_s: float) -> None:
         shard = self._shards[shard_of(task.user_id, len(self._shards))]
         with unavailable_on_failure("send fill task"):
-            await self._send(
-                keys=[shard],
-                args=[
+            await self._batch.script(
+                self._send,
+                [shard],
+                [
                     shard,
                     encode_task(task),
                     task.user_id,

@@ -41,6 +41,7 @@ from redis.crc import key_slot
 
 from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import QueueDepth, WorkerLease
+from tradecore_adapters.redis.batching import shared_batcher
 from tradecore_adapters.redis.client import Client, RedisConnections, Wakeups, text
 from tradecore_adapters.redis.codec import (
     decode_request,
@@ -288,6 +289,9 @@ class RedisOrderQueue:
         self._push = self._client.register_script(_PUSH)
         self._park = self._client.register_script(_PARK)
         self._complete = self._client.register_script(_COMPLETE)
+        # The hot path's calls (push, reply pop, take, complete) share pipelines with the
+        # process's other concurrent calls (``batching``).
+        self._batch = shared_batcher(self._client)
         # request id -> (user id, when the entry lapses), oldest first: whose reply key
         # ``wait_result`` reads. Pruned as requests are handed over, so bounded by the
         # requests of the last REPLY_TTL_S.
@@ -302,9 +306,10 @@ class RedisOrderQueue:
     async def push(self, request: OrderRequest) -> bool:
         user = request.user_id
         with unavailable_on_failure("push"):
-            pushed = await self._push(
-                keys=[mark_key(user), requests_key(user)],
-                args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
+            pushed = await self._batch.script(
+                self._push,
+                [mark_key(user), requests_key(user)],
+                [encode_request(self._addressed(request)), self._wakeups.channel, user],
             )
         if int(pushed):
             self._remember(request)
@@ -363,12 +368,13 @@ class RedisOrderQueue:
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
         with unavailable_on_failure("complete"):
-            await self._complete(
-                keys=[
+            await self._batch.script(
+                self._complete,
+                [
                     response_key(request.user_id, request.request_id),
                     processing_key(request.user_id),
                 ],
-                args=[
+                [
                     encode_result(result),
                     _ms(REPLY_TTL_S),
                     encode_request(request),
@@ -408,15 +414,16 @@ class RedisOrderQueue:
 
     async def _pop_reply(self, user_id: str, request_id: str) -> OrderResult | None:
         with unavailable_on_failure("wait for a reply"):
-            raw: str | bytes | None = await self._client.lpop(  # type: ignore[assignment]
-                response_key(user_id, request_id)
-            )  # one element: LPOP without a count
+            # One element: LPOP without a count.
+            raw: str | bytes | None = await self._batch.command(
+                "LPOP", response_key(user_id, request_id)
+            )
         return None if raw is None else decode_result(raw)
 
     async def _move_oldest(self, user_id: str) -> OrderRequest | None:
         with unavailable_on_failure("take"):
-            raw = await self._client.lmove(
-                requests_key(user_id), processing_key(user_id), "LEFT", "RIGHT"
+            raw = await self._batch.command(
+                "LMOVE", requests_key(user_id), processing_key(user_id), "LEFT", "RIGHT"
             )
         return None if raw is None else decode_request(raw)
 

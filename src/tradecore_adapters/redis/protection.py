@@ -20,6 +20,7 @@ from datetime import date
 
 from tradecore.limits import RATE_KEY_TTL_S
 from tradecore.ports.protection import Admission, DailyCount, DailyQuota, RateDecision
+from tradecore_adapters.redis.batching import shared_batcher
 from tradecore_adapters.redis.client import Client
 from tradecore_adapters.redis.errors import UNAVAILABLE, unavailable_on_failure
 
@@ -282,6 +283,7 @@ class RedisWebhookAdmission:
         self._rate_prefix = rate_prefix
         self._daily_prefix = daily_prefix
         self._script = client.register_script(_ADMIT)
+        self._batch = shared_batcher(client)  # shares pipelines with the order path's calls
 
     async def admit(
         self,
@@ -303,7 +305,7 @@ class RedisWebhookAdmission:
             cap = _cap_arg(quota)
         args: list[str | int] = [limit, window_us, ttl_ms, secrets.token_hex(8), max(1, ttl_s), cap]
         with unavailable_on_failure("webhook admission"):
-            answer = await self._script(keys=keys, args=args)
+            answer = await self._batch.script(self._script, keys, args)
         if int(answer[0]) == 0:
             return Admission(fresh=False, rate=None)
         if int(answer[0]) == 2:
