@@ -6,14 +6,16 @@ ModSecurity and the OWASP CRS in front of a real ``tradecore serve --demo`` proc
   IP sets, and the limits (the repository's limits.conf with smaller numbers, so the rate
   tests are quick).
 * ``EdgeStack`` runs both processes (nginx as this user, with its pid, logs and temp files in
-  the temporary directory) and sends requests from chosen loopback addresses (Linux routes
-  all of 127.0.0.0/8 to lo, so 127.0.0.2, 127.0.0.3, ... act as different clients).
+  the temporary directory, and jemalloc preloaded as the image does, when it is installed)
+  and sends requests from chosen loopback addresses (Linux routes all of 127.0.0.0/8 to lo,
+  so 127.0.0.2, 127.0.0.3, ... act as different clients).
 
 Every wait is bounded and names what it waited for.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import http.client
 import json
 import os
@@ -52,6 +54,21 @@ DENIED_IP = "127.0.0.66"
 LOGIN_LIMIT = 100  # the shipped limit: the 101st login in the window is refused
 BLANKET_LIMIT = 400  # waf_rate_limit is configurable; a small one keeps rule 4 quick
 HOST = "edge.tradecore.test"
+# The allocator the image preloads into nginx (deploy/edge/Dockerfile's LD_PRELOAD):
+# libmodsecurity allocates and frees thousands of small strings per request, which jemalloc
+# does in about a fifth fewer instructions than glibc's malloc (docs/performance.md).
+ALLOCATOR_PRELOAD = "libjemalloc.so.2"
+
+
+def allocator_env(allocator: str = "jemalloc") -> dict[str, str]:
+    """The environment that gives nginx ``allocator`` ("jemalloc" or "glibc"): jemalloc
+    preloaded as the image does, or nothing when it is not installed (the rules behave the
+    same with either allocator; only their cost differs)."""
+    if allocator == "glibc":
+        return {}
+    if allocator != "jemalloc":
+        raise ValueError(f"unknown allocator {allocator!r}")
+    return {"LD_PRELOAD": ALLOCATOR_PRELOAD} if ctypes.util.find_library("jemalloc") else {}
 
 
 def manifest_rules() -> list[dict[str, Any]]:
@@ -98,11 +115,17 @@ def _replace(text: str, pattern: str, replacement: str) -> str:
 
 
 def render_edge(
-    root: Path, *, listen_port: int, upstream_port: int, login_window_s: int = 300
+    root: Path,
+    *,
+    listen_port: int,
+    upstream_port: int,
+    login_window_s: int = 300,
+    edge_dir: Path = EDGE_DIR,
 ) -> Path:
-    """deploy/edge as a test deployment under ``root``; answers nginx.conf's path."""
+    """``edge_dir`` (deploy/edge, or a copy of it from another commit, for a comparison) as a
+    test deployment under ``root``; answers nginx.conf's path."""
     conf = root / "conf"
-    shutil.copytree(EDGE_DIR, conf)
+    shutil.copytree(edge_dir, conf)
     for sub in ("logs", "temp"):
         (root / sub).mkdir()
     (conf / "upstream.conf").write_text(
@@ -177,9 +200,17 @@ def _wait_for(check: Any, what: str, diagnose: Any, timeout_s: float = START_TIM
 
 
 class EdgeStack:
-    """``tradecore serve --demo`` behind nginx; both stopped by ``close``."""
+    """``tradecore serve --demo`` behind nginx; both stopped by ``close``. ``edge_dir`` and
+    ``allocator`` (see ``allocator_env``) are for the benchmark's comparisons."""
 
-    def __init__(self, root: Path, *, login_window_s: int = 300) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        login_window_s: int = 300,
+        edge_dir: Path = EDGE_DIR,
+        allocator: str = "jemalloc",
+    ) -> None:
         self.root = root
         self.app_port = free_port()
         self.edge_port = free_port()
@@ -188,7 +219,9 @@ class EdgeStack:
             listen_port=self.edge_port,
             upstream_port=self.app_port,
             login_window_s=login_window_s,
+            edge_dir=edge_dir,
         )
+        self.nginx_env = allocator_env(allocator)
         self.logs = root / "logs"
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -219,7 +252,9 @@ class EdgeStack:
             self.demo: dict[str, str] = _wait_for(
                 self._demo_line, "the demo line of tradecore serve", self.diagnose
             )
-            self.nginx = Process(self._nginx_args("-g", "daemon off;"), root / "nginx.out", env)
+            self.nginx = Process(
+                self._nginx_args("-g", "daemon off;"), root / "nginx.out", {**env, **self.nginx_env}
+            )
             _wait_for(self._edge_ready, "nginx to answer", self.diagnose)
         except BaseException:
             self.close()
@@ -372,6 +407,7 @@ class EdgeStack:
             timeout=START_TIMEOUT_S,
             env={
                 **os.environ,
+                **self.nginx_env,
                 "EDGE_CONF_DIR": str(self.nginx_conf.parent),
                 "EDGE_PREFIX": str(self.root),
                 "NGINX": NGINX,
@@ -384,6 +420,11 @@ class EdgeStack:
             self.diagnose,
         )
         return result
+
+    def worker_cpu_ns(self) -> int:
+        """The CPU time nginx's worker has used so far, in ns (/proc/PID/schedstat)."""
+        (worker,) = self._worker_pids()
+        return int((Path("/proc") / str(worker) / "schedstat").read_text().split()[0])
 
     def _worker_pids(self) -> set[int]:
         """The processes whose parent is nginx's master (its workers), read from /proc."""
