@@ -180,6 +180,19 @@ return {id, count, redis.call('HGET', msg(id), 'body')}
 """
 )
 
+# KEYS: the shard's prefix (its READY set). Read-only: 0 when the shard has a message to
+# deliver now (a ready group, or a timer that is due), else the microseconds until its
+# earliest timer, or -1 when it has none.
+_PEEK = """
+local P = KEYS[1]
+if redis.call('ZCARD', P) > 0 then return 0 end
+local first = redis.call('ZRANGE', P .. ':timers', 0, 0, 'WITHSCORES')
+if not first[2] then return -1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+return string.format('%.0f', math.max(0, tonumber(first[2]) - now))
+"""
+
 # ARGV: prefix, receipt. Returns 1 when deleted.
 _ACK = (
     _COMMON
@@ -266,6 +279,7 @@ class RedisFillTaskQueue:
         self._send = client.register_script(_SEND)
         self._batch = shared_batcher(client)  # sends share pipelines (``batching``)
         self._receive = client.register_script(_RECEIVE)
+        self._peek = client.register_script(_PEEK)
         self._ack = client.register_script(_ACK)
         self._retry = client.register_script(_RETRY)
         self._dead_letter = client.register_script(_DEAD_LETTER)
@@ -383,13 +397,28 @@ class RedisFillTaskQueue:
     async def _receive_now(self) -> tuple[FillDelivery | None, float | None]:
         """One look at every shard, from the one after the last served, until one delivers:
         the delivery, or None and the seconds until the earliest timer of all shards (None
-        when no shard has a timer)."""
+        when no shard has a timer). The shards are first peeked at all at once (read-only,
+        so on one server the peeks share one pipeline: ``batching``), and only those with
+        something due are asked to deliver: an empty queue costs one round trip, not one
+        per shard."""
         first = self._next_shard
         count = len(self._shards)
+        order = [(first + step) % count for step in range(count)]
         earliest_us: int | None = None
+
+        def note_timer(next_us: int) -> None:
+            nonlocal earliest_us
+            if next_us >= 0 and (earliest_us is None or next_us < earliest_us):
+                earliest_us = next_us
+
         with unavailable_on_failure("receive fill task"):
-            for step in range(count):
-                number = (first + step) % count
+            peeks = await asyncio.gather(
+                *(self._batch.script(self._peek, [self._shards[n]], []) for n in order)
+            )
+            for number, peek in zip(order, peeks, strict=True):
+                if int(peek) != 0:
+                    note_timer(int(peek))
+                    continue
                 shard = self._shards[number]
                 found = await self._receive(
                     keys=[shard],
@@ -402,8 +431,6 @@ class RedisFillTaskQueue:
                     receipt = f"{number}/{text(message_id)}.{received_count}"
                     task = decode_task(text(body))
                     return FillDelivery(task, receipt, received_count), None
-                next_us = int(found[1])
-                if next_us >= 0 and (earliest_us is None or next_us < earliest_us):
-                    earliest_us = next_us
+                note_timer(int(found[1]))  # another receiver was first
         self._next_shard = (first + 1) % count
         return None, None if earliest_us is None else earliest_us / 1_000_000
