@@ -222,7 +222,7 @@ VARIABLES: tuple[Variable[Any], ...] = (
     Variable("WEBHOOK_OWNER_CACHE_SIZE", "webhook_owner_cache_size", "10000",
              "webhook owners (account, owner, allowed IPs) each API process caches; 0: none",
              count, strip=True),
-    Variable("WEBHOOK_OWNER_CACHE_TTL_S", "webhook_owner_cache_ttl_s", "5",
+    Variable("WEBHOOK_OWNER_CACHE_TTL_S", "webhook_owner_cache_ttl_s", "60",
              "the longest a cached webhook owner is served: a change stops a token, account "
              "or IP everywhere within it", positive, strip=True),
     # workers
@@ -297,7 +297,7 @@ class Settings:
     plan_caps: str = "free=100,pro=1000"
     terms_version: str = "1"
     webhook_owner_cache_size: int = 10_000
-    webhook_owner_cache_ttl_s: float = 5.0
+    webhook_owner_cache_ttl_s: float = 60.0
     worker_start_timeout_s: float = 60.0
     worker_idle_timeout_s: float = 43_200.0
     worker_mark_ttl_s: float = DEFAULT_MARK_TTL_S

@@ -27,7 +27,7 @@ import attrs
 from tradecore.ports.repositories import WebhookOwner
 
 DEFAULT_MAX_ENTRIES = 10_000
-DEFAULT_TTL_S = 5.0
+DEFAULT_TTL_S = 60.0
 TRACKED_DROPS = 4096
 """Users whose latest drop is remembered to refuse stale fills; an older drop is summed up
 by one floor generation (a fill that began before it is refused, which is only ever safe)."""

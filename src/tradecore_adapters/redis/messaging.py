@@ -326,12 +326,16 @@ class RedisOrderQueue:
 
     def _remember(self, request: OrderRequest) -> None:
         now = asyncio.get_running_loop().time()
-        for request_id, (_, lapses_at) in list(self._handed_over.items()):
-            if lapses_at > now:
+        handed_over = self._handed_over
+        # oldest first (insertion order): drop the lapsed ones from the front, without
+        # copying the dict (it holds a minute of orders)
+        while handed_over:
+            oldest = next(iter(handed_over))
+            if handed_over[oldest][1] > now:
                 break
-            del self._handed_over[request_id]
-        self._handed_over.pop(request.request_id, None)  # re-inserted last: newest
-        self._handed_over[request.request_id] = (request.user_id, now + REPLY_TTL_S)
+            del handed_over[oldest]
+        handed_over.pop(request.request_id, None)  # re-inserted last: newest
+        handed_over[request.request_id] = (request.user_id, now + REPLY_TTL_S)
 
     async def wait_result(
         self, request_id: str, timeout_s: float, *, user_id: str | None = None
