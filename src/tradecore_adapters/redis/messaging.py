@@ -453,6 +453,7 @@ class RedisWorkerDirectory:
         self._cluster = connections.cluster
         self._next_shard = 0
         self._starts = Wakeups(connections.commands, CONTROL_CHANNEL)
+        self._batch = shared_batcher(self._client)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
         self._renew_many = self._client.register_script(_RENEW_MANY)
@@ -513,11 +514,19 @@ class RedisWorkerDirectory:
 
     async def _take_any_start(self) -> str | None:
         """The oldest start request of the first shard that has one, looking from the shard
-        after the last one served; None when every shard is empty."""
+        after the last one served; None when every shard is empty. The shards' lengths are
+        read first, all at once (on one server in one pipeline: ``batching``), and only a
+        shard with a request is asked for it: a wake-up costs one round trip to find the
+        shard, not one per shard."""
         first = self._next_shard
+        order = [(first + step) % self._shards for step in range(self._shards)]
         with unavailable_on_failure("next start request"):
-            for step in range(self._shards):
-                shard = (first + step) % self._shards
+            lengths = await asyncio.gather(
+                *(self._batch.command("LLEN", control_keys(shard)[0]) for shard in order)
+            )
+            for shard, length in zip(order, lengths, strict=True):
+                if not int(length):
+                    continue
                 user = await self._take_start(keys=list(control_keys(shard)))
                 if user is not None:
                     self._next_shard = (shard + 1) % self._shards
