@@ -326,14 +326,16 @@ class Wakeups:
         name: str,
         look: Callable[[], Awaitable[T | None]],
         timeout_s: float,
-        recheck_s: float | None = None,
+        recheck_s: float | Callable[[], float] | None = None,
         *,
         look_at_deadline: bool = True,
     ) -> T | None:
         """What ``look()`` finds (not None), looking again at each wake-up of ``name`` and at
-        least every ``recheck_s``, until ``timeout_s`` has passed; None when nothing was found
-        in time. A ``timeout_s`` of zero or less looks once, without watching. The event is
-        cleared before each look, so a wake-up that comes after a look still ends the wait.
+        least every ``recheck_s`` (or what it answers after each look: a queue whose look
+        learns when its next message is due), until ``timeout_s`` has passed; None when
+        nothing was found in time. A ``timeout_s`` of zero or less looks once, without
+        watching. The event is cleared before each look, so a wake-up that comes after a
+        look still ends the wait.
         A wait that reaches the deadline with no wake-up looks a last time only with
         ``look_at_deadline``: a waiter whose wake-up may be lost wants it (a reply), while
         thousands of idle workers polling their lists must not each cost a round trip per
@@ -352,7 +354,11 @@ class Wakeups:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
-                wait_s = remaining if recheck_s is None else min(remaining, recheck_s)
+                if recheck_s is None:
+                    wait_s = remaining
+                else:
+                    bound = recheck_s() if callable(recheck_s) else recheck_s
+                    wait_s = min(remaining, bound)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait_s):
                         await event.wait()

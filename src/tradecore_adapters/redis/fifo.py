@@ -45,7 +45,6 @@ of the shard was set.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 from tradecore.fills import VISIBILITY_TIMEOUT_S
@@ -311,30 +310,21 @@ class RedisFillTaskQueue:
         await self._wakeups.aclose()
 
     async def receive(self, timeout_s: float) -> FillDelivery | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        delivery, next_timer_s = await self._receive_now()
-        if delivery is not None or timeout_s <= 0:
+        next_timer_s: float | None = None
+
+        async def look() -> FillDelivery | None:
+            nonlocal next_timer_s
+            delivery, next_timer_s = await self._receive_now()
             return delivery
-        event = self._wakeups.watch(_READY)
-        try:
-            while True:
-                # Clear before looking, so a wake-up after the look still ends the wait.
-                event.clear()
-                delivery, next_timer_s = await self._receive_now()
-                if delivery is not None:
-                    return delivery
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                wait_s = min(remaining, _RECHECK_S)
-                if next_timer_s is not None:
-                    wait_s = min(wait_s, next_timer_s + _TIMER_SLACK_S)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait_s):
-                        await event.wait()
-        finally:
-            self._wakeups.unwatch(_READY, event)
+
+        def recheck_s() -> float:
+            """Look again by the earliest timer the last look saw (a delayed check falls due
+            with no wake-up), and at least every ``_RECHECK_S``."""
+            if next_timer_s is None:
+                return _RECHECK_S
+            return min(_RECHECK_S, next_timer_s + _TIMER_SLACK_S)
+
+        return await self._wakeups.look_until(_READY, look, timeout_s, recheck_s)
 
     async def ack(self, delivery: FillDelivery) -> None:
         shard, receipt = self._receipt(delivery)
