@@ -9,10 +9,13 @@ persistence) on free loopback ports in a work directory, joins them with
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -198,3 +201,22 @@ class ThreeMasterCluster:
             if any(p.poll() is not None for p in self._processes) or time.monotonic() > deadline:
                 raise AssertionError(f"Redis Cluster: never happened: {what}\n{self.logs()}")
             time.sleep(POLL_S)
+
+
+@contextlib.contextmanager
+def cluster_for_tests(workdir: Path) -> Iterator[ThreeMasterCluster]:
+    """A started cluster in ``workdir`` for a test fixture, stopped at exit. Without
+    ``redis-server``/``redis-cli`` the test is skipped, or fails under ``CI=true``."""
+    import pytest  # here, not above: the benchmark imports this module without pytest
+
+    try:
+        cluster = ThreeMasterCluster(workdir)
+    except Unavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{e} (CI=true requires the Redis Cluster tests to run)")
+        pytest.skip(str(e))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

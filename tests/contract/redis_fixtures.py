@@ -32,7 +32,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis_cluster import ThreeMasterCluster, Unavailable
+from redis_cluster import ThreeMasterCluster, cluster_for_tests
 
 from tradecore.orders import (
     OrderRequest,
@@ -129,17 +129,8 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreeMasterCluster]:
     """A private three-master Redis Cluster for the session (see the module docstring)."""
-    try:
-        cluster = ThreeMasterCluster(tmp_path_factory.mktemp("redis-cluster"))
-    except Unavailable as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{e} (CI=true requires the Redis Cluster tests to run)")
-        pytest.skip(str(e))
-    try:
-        cluster.start()
+    with cluster_for_tests(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 async def flush(connections: RedisConnections) -> None:

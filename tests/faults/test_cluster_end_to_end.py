@@ -10,7 +10,6 @@ executed once.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import redis
 from harness import Stack, webhook_body
 
-from contract.redis_cluster import ThreeMasterCluster, Unavailable
+from contract.redis_cluster import ThreeMasterCluster, cluster_for_tests
 from tradecore_adapters.redis.messaging import mark_key
 
 pytestmark = pytest.mark.faults
@@ -26,17 +25,8 @@ pytestmark = pytest.mark.faults
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ThreeMasterCluster]:
-    try:
-        started = ThreeMasterCluster(tmp_path / "cluster")
-    except Unavailable as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{e} (CI=true requires the Redis Cluster tests to run)")
-        pytest.skip(str(e))
-    try:
-        started.start()
+    with cluster_for_tests(tmp_path / "cluster") as started:
         yield started
-    finally:
-        started.stop()
 
 
 def _lease_holder(cluster: ThreeMasterCluster, user_id: str) -> str | None:
