@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from redis_fixtures import KvHarness, fill_task
 
 from tradecore.ports.messaging import FillDelivery, FillTaskQueue
@@ -327,3 +328,173 @@ async def test_deduplication_is_by_order_only(kv: KvHarness) -> None:
         order.append(delivery.task)
         await tasks.ack(delivery)
     assert order == [fill_task("o1"), fill_task("o2"), fill_task("p1", SAME_SHARD[1])]
+
+
+# --- Batches (receive_many) ----------------------------------------------------------------
+
+
+def summary(deliveries: list[FillDelivery]) -> list[tuple[str, int]]:
+    return [(d.task.order_id, d.receive_count) for d in deliveries]
+
+
+async def test_a_batch_takes_up_to_its_limit_one_message_per_group(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    users = [f"u{n}" for n in range(5)]
+    for n in range(2):
+        for user in users:
+            await tasks.send(fill_task(f"{user}-{n}", user), 0)
+    first = await tasks.receive_many(3, 0)
+    assert len(first) == 3
+    rest = await tasks.receive_many(10, 0)  # every other group's first; the rest are behind
+    batch = first + rest
+    assert sorted(d.task.order_id for d in batch) == [f"{user}-0" for user in users]
+    assert {d.receive_count for d in batch} == {1}
+    assert await tasks.receive_many(10, 0) == []
+    await asyncio.gather(*(tasks.ack(d) for d in batch))
+    second = await tasks.receive_many(10, 0)
+    assert sorted(d.task.order_id for d in second) == [f"{user}-1" for user in users]
+
+
+async def test_a_batch_gathers_the_groups_of_every_shard(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    users = [f"u{n}" for n in range(40)]  # every shard of 16 has some
+    for user in users:
+        await tasks.send(fill_task(f"{user}-0", user), 0)
+    batch = await tasks.receive_many(64, 0)
+    assert sorted(d.task.user_id for d in batch) == sorted(users)
+    assert {shard_of(d.task.user_id, DEFAULT_SHARDS) for d in batch} == set(range(DEFAULT_SHARDS))
+    assert await tasks.receive_many(64, 0) == []
+
+
+async def test_batches_deliver_everything_once_and_keep_each_groups_order(
+    kv: KvHarness,
+) -> None:
+    tasks = kv.tasks()
+    users = [f"u{n}" for n in range(40)]
+    for n in range(3):
+        for user in users:
+            await tasks.send(fill_task(f"{user}-{n}", user), 0)
+    seen: dict[str, list[str]] = {}
+    receipts: set[str] = set()
+    while batch := await tasks.receive_many(7, 0):
+        assert len(batch) <= 7
+        assert len({d.task.user_id for d in batch}) == len(batch)  # one per group
+        for delivery in batch:
+            assert delivery.receipt not in receipts
+            receipts.add(delivery.receipt)
+            seen.setdefault(delivery.task.user_id, []).append(delivery.task.order_id)
+        await asyncio.gather(*(tasks.ack(d) for d in batch))
+    assert seen == {user: [f"{user}-{n}" for n in range(3)] for user in users}
+    assert await tasks.pending_count() == 0
+
+
+async def test_a_batch_comes_in_delivery_order_within_a_shard(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    u1, u2, u3 = SAME_SHARD
+    for order_id, user in [("a1", u1), ("b1", u2), ("a2", u1), ("c1", u3), ("b2", u2)]:
+        await tasks.send(fill_task(order_id, user), 0)
+    first = await tasks.receive_many(10, 0)
+    assert [d.task.order_id for d in first] == ["a1", "b1", "c1"]
+    await asyncio.gather(*(tasks.ack(d) for d in first))
+    assert [d.task.order_id for d in await tasks.receive_many(10, 0)] == ["a2", "b2"]
+
+
+async def test_concurrent_batches_deliver_nothing_twice(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    users = [f"u{n}" for n in range(20)]
+    for user in users:
+        for n in range(2):
+            await tasks.send(fill_task(f"{user}-{n}", user), 0)
+    batches = await asyncio.gather(*(tasks.receive_many(6, 0) for _ in range(6)))
+    got = [d.task.order_id for batch in batches for d in batch]
+    assert all(len(batch) <= 6 for batch in batches)
+    assert sorted(got) == sorted(f"{user}-0" for user in users)
+
+
+async def test_a_batch_is_settled_by_concurrent_acks_retries_and_dead_letters(
+    kv: KvHarness,
+) -> None:
+    tasks = kv.tasks()
+    for n in range(6):
+        await tasks.send(fill_task(f"o{n}", f"u{n}"), 0)
+    batch = sorted(await tasks.receive_many(10, 0), key=lambda d: d.task.order_id)
+    assert len(batch) == 6
+    await asyncio.gather(
+        tasks.ack(batch[0]),
+        tasks.ack(batch[1]),
+        tasks.retry(batch[2], 0),
+        tasks.retry(batch[3], 0),
+        tasks.dead_letter(batch[4], "r4"),
+        tasks.dead_letter(batch[5], "r5"),
+    )
+    again = await tasks.receive_many(10, 0)
+    assert sorted(summary(again)) == [("o2", 2), ("o3", 2)]
+    assert sorted(await tasks.dead_letters(), key=lambda letter: letter[1]) == [
+        (fill_task("o4", "u4"), "r4"),
+        (fill_task("o5", "u5"), "r5"),
+    ]
+    assert await tasks.pending_count() == 2
+
+
+async def test_a_batch_waits_for_a_send_and_takes_what_came(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    waiter = asyncio.create_task(tasks.receive_many(10, NEVER_S))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await tasks.send(fill_task("o1"), 0)
+    assert summary(await waiter) == [("o1", 1)]
+
+
+async def test_a_batch_waits_for_a_settle_that_frees_a_group(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    await tasks.send(fill_task("o2"), 0)
+    (first,) = await tasks.receive_many(10, 0)
+    assert await tasks.receive_many(10, SETTLE_S) == []  # (a receiver that has waited before)
+    waiter = asyncio.create_task(tasks.receive_many(10, LONG_S))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await tasks.ack(first)
+    assert summary(await asyncio.wait_for(waiter, NEVER_S)) == [("o2", 1)]
+
+
+async def test_a_batch_takes_the_delayed_messages_once_they_are_due(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1", "u1"), SHORT_S)
+    await tasks.send(fill_task("p1", "u2"), SHORT_S)
+    await tasks.send(fill_task("q1", "u3"), 0)
+    assert summary(await tasks.receive_many(10, 0)) == [("q1", 1)]
+    assert await tasks.receive_many(10, 0) == []
+    await kv.pass_time(SHORT_S)
+    due = await tasks.receive_many(10, NEVER_S)
+    assert sorted(summary(due)) == [("o1", 1), ("p1", 1)]
+
+
+async def test_a_batch_left_unsettled_is_redelivered_after_the_visibility_timeout(
+    kv: KvHarness,
+) -> None:
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    for n in range(3):
+        await tasks.send(fill_task(f"o{n}", f"u{n}"), 0)
+    first = await tasks.receive_many(10, 0)
+    assert len(first) == 3
+    assert await tasks.receive_many(10, 0) == []
+    await kv.pass_time(SHORT_S)
+    again = await tasks.receive_many(10, NEVER_S)
+    assert sorted(summary(again)) == [("o0", 2), ("o1", 2), ("o2", 2)]
+    for stale in first:  # the first receipts are stale now
+        await tasks.ack(stale)
+    assert await tasks.pending_count() == 3
+
+
+async def test_a_batch_gives_up_after_its_timeout(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    assert await tasks.receive_many(10, 0.05) == []
+
+
+async def test_a_batch_needs_a_limit_of_at_least_one(kv: KvHarness) -> None:
+    tasks = kv.tasks()
+    await tasks.send(fill_task("o1"), 0)
+    with pytest.raises(ValueError, match="limit"):
+        await tasks.receive_many(0, 0)
+    assert summary(await tasks.receive_many(1, 0)) == [("o1", 1)]

@@ -22,6 +22,7 @@ from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.audit_chain import GENESIS, first_break
 from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Plan, Session, User
+from tradecore.order_lifecycle import Submitted
 from tradecore.orders import (
     AlertAction,
     OrderError,
@@ -621,6 +622,51 @@ async def test_any_order_round_trips(
     got = await stores.orders.get(record.id)
     assert got == record
     assert got is not None and got.created_at.tzinfo is not None
+
+
+def month_start(moment: datetime, months_ahead: int = 0) -> datetime:
+    """The first instant (UTC) of the month ``months_ahead`` after ``moment``'s."""
+    month = moment.year * 12 + moment.month - 1 + months_ahead
+    return datetime(month // 12, month % 12 + 1, 1, tzinfo=UTC)
+
+
+async def test_get_many_reads_every_row_it_finds_across_months(stores: Stores) -> None:
+    await two_users_with_accounts(stores)
+    # Months with a partition of their own in Postgres (migration 0010 makes the current
+    # month's and the next two) and one without (T0: the default partition); both edges of
+    # a month, so a lookup by the wrong month would miss.
+    now = datetime.now(UTC)
+    this_month, next_month = month_start(now), month_start(now, 1)
+    rows = [
+        order("o-1"),
+        full_order("o-2"),
+        order("o-3", user_id="user-2", created_at=this_month),
+        order("o-4", created_at=next_month - timedelta(microseconds=1)),
+        order("o-5", created_at=next_month),
+        order("o-6", user_id="user-2", created_at=next_month + timedelta(days=3)),
+    ]
+    for record in rows:
+        await stores.orders.add(record)
+    wanted = ["o-6", "o-9", "o-1", "o-4", "o-1", "o-2", "o-5", "o-3", "missing"]
+
+    got = await stores.orders.get_many(wanted)
+
+    assert got == {record.id: record for record in rows}
+    for record in rows:
+        assert got[record.id] == await stores.orders.get(record.id)
+    assert await stores.orders.get_many(["o-3"]) == {"o-3": rows[2]}
+    assert await stores.orders.get_many(["o-9", "missing"]) == {}
+    assert await stores.orders.get_many([]) == {}
+
+
+async def test_get_many_reads_the_rows_as_they_are_now(stores: Stores) -> None:
+    await two_users_with_accounts(stores)
+    await stores.orders.add(order("o-1"))
+    await stores.orders.add(order("o-2", user_id="user-2"))
+    claimed = await stores.orders.transition("o-1", Submitted(at(1), Decimal("0.5")))
+    assert claimed is not None and claimed.status is OrderStatus.SUBMITTED
+    got = await stores.orders.get_many(["o-1", "o-2"])
+    assert got == {"o-1": claimed, "o-2": order("o-2", user_id="user-2")}
 
 
 async def test_duplicate_fingerprint_is_refused_per_user(stores: Stores) -> None:

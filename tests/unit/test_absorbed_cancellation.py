@@ -16,25 +16,28 @@ from typing import Any
 
 import pytest
 
-from tradecore_entrypoints.system import System
+from tradecore_entrypoints.system import FillPolling, System
 
 STOP_BOUND_S = 10.0  # only a hang comes near it: a stop takes milliseconds here
 
 
 class Absorbing:
     """Waits made to behave like a redis-py read with a timeout that swallowed the
-    cancellation: a cancelled call returns what an idle wait returns, while ``on``."""
+    cancellation: a cancelled call returns what an idle wait returns (``idle``), while
+    ``on``. ``absorbed`` counts the cancellations swallowed."""
 
     def __init__(self) -> None:
         self.on = True
+        self.absorbed = 0
 
-    def __call__(self, wait: Any) -> Any:
+    def __call__(self, wait: Any, idle: Any = None) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await wait(*args, **kwargs)
             except asyncio.CancelledError:
                 if self.on:
-                    return None
+                    self.absorbed += 1
+                    return idle
                 raise
 
         return call
@@ -44,7 +47,11 @@ async def test_stopping_ends_loops_whose_waits_absorb_the_cancellation(
     embedded: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     absorbing = Absorbing()
-    monkeypatch.setattr(embedded.verifier, "run_once", absorbing(embedded.verifier.run_once))
+    # The verifier's loop waits in the fill-task queue's receive (inside ``run_batch``), as
+    # it does on Redis, not in the memory set's idle pause
+    embedded.fill_polling = FillPolling(wait_s=5.0, idle_s=0.0)
+    fill_tasks = embedded.fill_tasks
+    monkeypatch.setattr(fill_tasks, "receive_many", absorbing(fill_tasks.receive_many, []))
     directory = embedded.directory
     monkeypatch.setattr(directory, "next_start_request", absorbing(directory.next_start_request))
     await embedded.start(workers=True, verify_fills=True)
@@ -55,6 +62,7 @@ async def test_stopping_ends_loops_whose_waits_absorb_the_cancellation(
         done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND_S)
         assert stopping in done, "stop() did not end: a loop went on after its cancellation"
         stopping.result()
+        assert absorbing.absorbed == 2, "each loop's cancellation landed in its wait"
     finally:
         # a failed run must not hang the test's teardown too: cancel again, unabsorbed
         absorbing.on = False

@@ -203,6 +203,21 @@ class FillTaskQueue(Protocol):
         """The next visible message of a group with nothing in flight, or None."""
         ...
 
+    async def receive_many(self, limit: int, timeout_s: float) -> list[FillDelivery]:
+        """Up to ``limit`` (at least 1, ValueError otherwise) deliveries taken in one look,
+        in the order successive ``receive`` calls would have given them. Each is exactly what
+        ``receive`` gives: a visible message of a group with nothing in flight, now in flight
+        for the visibility timeout, with its ``receive_count``; as a delivered group has a
+        message in flight, no two are of the same group. Nothing is delivered twice, and
+        every delivery is settled on its own (``ack``, ``retry``, ``dead_letter``).
+
+        Waits, as ``receive`` does (up to ``timeout_s``; a ``timeout_s`` of zero or less
+        looks once), only while nothing is deliverable; once something is, returns what the
+        look delivered without waiting for more. At least one message when any was
+        deliverable at the look; an adapter may deliver fewer than were deliverable up to
+        ``limit`` (the rest come with the next call). [] when nothing came in time."""
+        ...
+
     async def ack(self, delivery: FillDelivery) -> None:
         """Delete the message: its check reached a final outcome."""
         ...

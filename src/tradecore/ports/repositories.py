@@ -192,6 +192,12 @@ class OrderHistory(Protocol):
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None: ...
 
+    async def get_many(self, order_ids: Sequence[str]) -> dict[str, OrderHistoryRecord]:
+        """The rows of ``order_ids`` by id, each as ``get`` returns it, read together (one
+        query to the store, not one per id): an id without a row is absent from the answer,
+        an id named twice is read once. No ids: {} without a query."""
+        ...
+
     async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
         """Compare-and-set ``change`` (``tradecore.order_lifecycle``) onto the row, in one
         atomic step: its fields are written only if the row's status is one the lifecycle

@@ -95,7 +95,19 @@ class MemoryFillTaskQueue:
         self._bell.ring(ANY)
 
     async def receive(self, timeout_s: float) -> FillDelivery | None:
-        return await wait_for(self._bell, ANY, self._deliver, timeout_s, self._pause_s)
+        deliveries = await self.receive_many(1, timeout_s)
+        return deliveries[0] if deliveries else None
+
+    async def receive_many(self, limit: int, timeout_s: float) -> list[FillDelivery]:
+        """Every deliverable message up to ``limit``, in delivery order (the port's
+        contract); all of them are taken without an ``await`` in between."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+
+        def deliver() -> list[FillDelivery] | None:
+            return self._deliver(limit) or None  # None: wait_for goes on waiting
+
+        return await wait_for(self._bell, ANY, deliver, timeout_s, self._pause_s) or []
 
     async def ack(self, delivery: FillDelivery) -> None:
         message = self._current(delivery)
@@ -159,12 +171,15 @@ class MemoryFillTaskQueue:
         message = self._messages.get(message_id)
         return message is not None and message.placement == placement
 
-    def _deliver(self) -> FillDelivery | None:
+    def _deliver(self, limit: int) -> list[FillDelivery]:
+        """Up to ``limit`` deliveries, oldest first among the free groups' first visible
+        messages (a delivered group is busy, so it comes once)."""
         now = self._clock.now()
         self._reveal_due(now)
         self._release_expired(now)
         ready = self._ready
-        while ready:
+        deliveries: list[FillDelivery] = []
+        while ready and len(deliveries) < limit:
             message_id, group = heapq.heappop(ready)
             if group in self._busy or self._first_visible(group) != message_id:
                 continue  # stale: the group got busy, or its first message changed
@@ -177,8 +192,8 @@ class MemoryFillTaskQueue:
             message.placement += 1
             self._busy[group] = message_id
             heapq.heappush(self._leases, (message.in_flight_until, message_id, message.placement))
-            return FillDelivery(message.task, message.receipt, message.receive_count)
-        return None
+            deliveries.append(FillDelivery(message.task, message.receipt, message.receive_count))
+        return deliveries
 
     def _reveal_due(self, now: datetime) -> None:
         """Move the messages whose ``visible_at`` came to their groups' visible messages."""

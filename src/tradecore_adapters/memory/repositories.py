@@ -257,6 +257,10 @@ class MemoryOrderHistory:
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return self._rows.get(order_id)
 
+    async def get_many(self, order_ids: Sequence[str]) -> dict[str, OrderHistoryRecord]:
+        rows = self._rows
+        return {order_id: rows[order_id] for order_id in order_ids if order_id in rows}
+
     async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
         leaves = order_lifecycle.sources(change)
         row = self._rows.get(order_id)

@@ -80,6 +80,9 @@ class RecordingOrderHistory:
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return await self._inner.get(order_id)
 
+    async def get_many(self, order_ids: Sequence[str]) -> dict[str, OrderHistoryRecord]:
+        return await self._inner.get_many(order_ids)
+
     async def transition(self, order_id: str, change: OrderChange) -> OrderHistoryRecord | None:
         row = await self._inner.transition(order_id, change)
         if row is not None:

@@ -13,6 +13,11 @@ at the one after the shard it last served, so no shard starves; across shards (d
 users) the send order is not kept, as SQS FIFO keeps none across message groups. The counts
 and lists for operators (``pending_count``, ``dead_letters``) sum over the shards.
 
+``receive_many`` takes up to n deliveries in one look: one receive script call per shard
+with something due, each delivering up to the count it is asked for, all sent together.
+Every call goes through the client's shared batcher (``batching``), the settles too, so the
+calls of a batch of checks share pipelines on one server (on a cluster each is sent alone).
+
 Keys of one shard, under its prefix ``order-tasks.fifo:{sNN}`` (P; the hash tag ``{sNN}``
 puts all of them in one slot):
 
@@ -46,6 +51,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from typing import Any
 
 from tradecore.fills import VISIBILITY_TIMEOUT_S
 from tradecore.ports.messaging import FillDelivery, FillTask
@@ -54,6 +61,8 @@ from tradecore_adapters.redis.client import Client, Wakeups, text
 from tradecore_adapters.redis.codec import decode_task, encode_task, task_from_data
 from tradecore_adapters.redis.errors import unavailable_on_failure
 from tradecore_adapters.redis.keys import DEFAULT_SHARDS, check_shards, shard_of, shard_tag
+
+log = logging.getLogger(__name__)
 
 QUEUE_KEY = "order-tasks.fifo"
 DEAD_LETTER_SUFFIX = ":dead"
@@ -143,7 +152,8 @@ return id
 """
 )
 
-# ARGV: prefix, visibility timeout (us), timer batch. Returns {id, count, body}, or
+# ARGV: prefix, visibility timeout (us), timer batch, most deliveries wanted (n >= 1).
+# Returns up to n deliveries, oldest head first, flat: {id1, count1, body1, id2, ...}; or
 # {'', us until the earliest timer} ({'', -1} without timers) when nothing is deliverable.
 _RECEIVE = (
     _COMMON
@@ -161,35 +171,46 @@ for _, id in ipairs(due) do
   end
 end
 for g in pairs(touched) do refresh(g) end
-local head = redis.call('ZRANGE', READY, 0, 0)
-if not head[1] then
-  local first = redis.call('ZRANGE', TIMERS, 0, 0, 'WITHSCORES')
-  if not first[2] then return {'', -1} end
-  return {'', fmt(math.max(0, tonumber(first[2]) - now))}
+local wanted = 3 * tonumber(ARGV[4])
+local out = {}
+while #out < wanted do
+  local head = redis.call('ZRANGE', READY, 0, 0)
+  if not head[1] then break end
+  local g = head[1]
+  local id = redis.call('ZRANGE', grp(g), 0, 0)[1]
+  redis.call('ZREM', grp(g), id)
+  local count = redis.call('HINCRBY', msg(id), 'count', 1)
+  redis.call('HSET', msg(id), 'inflight', 1)
+  redis.call('HSET', BUSY, g, id)
+  redis.call('ZADD', TIMERS, fmt(now + tonumber(ARGV[2])), id)
+  redis.call('ZREM', READY, g)  -- g is busy now: its next message waits for a settle
+  out[#out + 1] = id
+  out[#out + 1] = count
+  out[#out + 1] = redis.call('HGET', msg(id), 'body')
 end
-local g = head[1]
-local id = redis.call('ZRANGE', grp(g), 0, 0)[1]
-redis.call('ZREM', grp(g), id)
-local count = redis.call('HINCRBY', msg(id), 'count', 1)
-redis.call('HSET', msg(id), 'inflight', 1)
-redis.call('HSET', BUSY, g, id)
-redis.call('ZADD', TIMERS, fmt(now + tonumber(ARGV[2])), id)
-redis.call('ZREM', READY, g)
-return {id, count, redis.call('HGET', msg(id), 'body')}
+if out[1] then return out end
+local first = redis.call('ZRANGE', TIMERS, 0, 0, 'WITHSCORES')
+if not first[2] then return {'', -1} end
+return {'', fmt(math.max(0, tonumber(first[2]) - now))}
 """
 )
 
-# KEYS: the shard's prefix (its READY set). Read-only: 0 when the shard has a message to
-# deliver now (a ready group, or a timer that is due), else the microseconds until its
-# earliest timer, or -1 when it has none.
+# KEYS: the shard's prefix (its READY set). Read-only: {at most deliverable now, us until
+# the earliest timer (0: one is due) or -1 without timers}. The first is the ready groups plus
+# the due timers: each due timer makes at most one more group ready (several may be of one
+# group, or of a group still busy), so it bounds what a receive would deliver now.
 _PEEK = """
 local P = KEYS[1]
-if redis.call('ZCARD', P) > 0 then return 0 end
-local first = redis.call('ZRANGE', P .. ':timers', 0, 0, 'WITHSCORES')
-if not first[2] then return -1 end
+local TIMERS = P .. ':timers'
+local ready = redis.call('ZCARD', P)
+local first = redis.call('ZRANGE', TIMERS, 0, 0, 'WITHSCORES')
+if not first[2] then return {ready, -1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-return string.format('%.0f', math.max(0, tonumber(first[2]) - now))
+local next_us = math.max(0, tonumber(first[2]) - now)
+local due = 0
+if next_us == 0 then due = redis.call('ZCOUNT', TIMERS, '-inf', string.format('%.0f', now)) end
+return {ready + due, string.format('%.0f', next_us)}
 """
 
 # ARGV: prefix, receipt. Returns 1 when deleted.
@@ -252,11 +273,11 @@ def _micros(seconds: float) -> int:
 class RedisFillTaskQueue:
     """FillTaskQueue on Redis (keys and semantics in the module docstring).
 
-    ``receive`` waits, when no shard has a deliverable message, until the earliest timer or
-    a wake-up (module docstring); its listener holds one connection from the first wait
-    until ``aclose``. A send of an order already sent within ``dedup_window_s`` (by the
-    server's clock) does nothing. A receipt is ``"{shard}/{id}.{count}"``. Raises
-    KeyValueStoreUnavailable.
+    ``receive`` and ``receive_many`` wait, when no shard has a deliverable message, until
+    the earliest timer or a wake-up (module docstring); the listener holds one connection
+    from the first wait until ``aclose``. A send of an order already sent within
+    ``dedup_window_s`` (by the server's clock) does nothing. A receipt is
+    ``"{shard}/{id}.{count}"``. Raises KeyValueStoreUnavailable.
     """
 
     def __init__(
@@ -276,7 +297,7 @@ class RedisFillTaskQueue:
         self._next_shard = 0
         self._wakeups = Wakeups(client, f"{prefix}:wakeups")
         self._send = client.register_script(_SEND)
-        self._batch = shared_batcher(client)  # sends share pipelines (``batching``)
+        self._batch = shared_batcher(client)  # calls share pipelines (``batching``)
         self._receive = client.register_script(_RECEIVE)
         self._peek = client.register_script(_PEEK)
         self._ack = client.register_script(_ACK)
@@ -310,12 +331,20 @@ class RedisFillTaskQueue:
         await self._wakeups.aclose()
 
     async def receive(self, timeout_s: float) -> FillDelivery | None:
+        deliveries = await self.receive_many(1, timeout_s)
+        return deliveries[0] if deliveries else None
+
+    async def receive_many(self, limit: int, timeout_s: float) -> list[FillDelivery]:
+        """Up to ``limit`` deliveries of one look (``_receive_now``), waiting as the class
+        docstring says while a look finds nothing."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
         next_timer_s: float | None = None
 
-        async def look() -> FillDelivery | None:
+        async def look() -> list[FillDelivery] | None:
             nonlocal next_timer_s
-            delivery, next_timer_s = await self._receive_now()
-            return delivery
+            deliveries, next_timer_s = await self._receive_now(limit)
+            return deliveries or None  # None: look_until goes on waiting
 
         def recheck_s() -> float:
             """Look again by the earliest timer the last look saw (a delayed check falls due
@@ -324,22 +353,25 @@ class RedisFillTaskQueue:
                 return _RECHECK_S
             return min(_RECHECK_S, next_timer_s + _TIMER_SLACK_S)
 
-        return await self._wakeups.look_until(_READY, look, timeout_s, recheck_s)
+        return await self._wakeups.look_until(_READY, look, timeout_s, recheck_s) or []
+
+    # The settles go through the batcher, as the sends do: a batch of checks settled at once
+    # shares pipelines. Each is still one script on one shard, run once (``batching``).
 
     async def ack(self, delivery: FillDelivery) -> None:
         shard, receipt = self._receipt(delivery)
         if shard is None:
             return
         with unavailable_on_failure("ack fill task"):
-            await self._ack(keys=[shard], args=[shard, receipt, self._wakeups.channel])
+            await self._batch.script(self._ack, [shard], [shard, receipt, self._wakeups.channel])
 
     async def retry(self, delivery: FillDelivery, delay_s: float) -> None:
         shard, receipt = self._receipt(delivery)
         if shard is None:
             return
         with unavailable_on_failure("retry fill task"):
-            await self._retry(
-                keys=[shard], args=[shard, receipt, _micros(delay_s), self._wakeups.channel]
+            await self._batch.script(
+                self._retry, [shard], [shard, receipt, _micros(delay_s), self._wakeups.channel]
             )
 
     async def dead_letter(self, delivery: FillDelivery, reason: str) -> None:
@@ -347,8 +379,8 @@ class RedisFillTaskQueue:
         if shard is None:
             return
         with unavailable_on_failure("dead-letter fill task"):
-            await self._dead_letter(
-                keys=[shard], args=[shard, receipt, reason, self._wakeups.channel]
+            await self._batch.script(
+                self._dead_letter, [shard], [shard, receipt, reason, self._wakeups.channel]
             )
 
     async def dead_letters(self) -> list[tuple[FillTask, str]]:
@@ -384,13 +416,19 @@ class RedisFillTaskQueue:
             return None, ""
         return self._shards[int(number)], inner
 
-    async def _receive_now(self) -> tuple[FillDelivery | None, float | None]:
-        """One look at every shard, from the one after the last served, until one delivers:
-        the delivery, or None and the seconds until the earliest timer of all shards (None
-        when no shard has a timer). The shards are first peeked at all at once (read-only,
-        so on one server the peeks share one pipeline: ``batching``), and only those with
-        something due are asked to deliver: an empty queue costs one round trip, not one
-        per shard."""
+    async def _receive_now(self, limit: int) -> tuple[list[FillDelivery], float | None]:
+        """One look at every shard, from the one after the last served: up to ``limit``
+        deliveries, in shard order from there (oldest first within a shard); or none and the
+        seconds until the earliest timer of all shards (None when no shard has a timer).
+
+        The shards are first peeked at all at once (read-only, so on one server the peeks
+        share one pipeline: ``batching``); an empty queue costs that one round trip. Each
+        shard with something due is then asked, in turn, for as many as its peek allows and
+        ``limit`` still leaves, all those asks at once (one pipeline again). A peek's count
+        is a bound (a due timer may not make a group ready), so a look may deliver fewer
+        than were deliverable, up to ``limit``: the next look, starting after the last shard
+        served, gets the rest. When every ask came back empty (another receiver was first),
+        the due shards the limit had left out are asked before the look gives up."""
         first = self._next_shard
         count = len(self._shards)
         order = [(first + step) % count for step in range(count)]
@@ -401,26 +439,83 @@ class RedisFillTaskQueue:
             if next_us >= 0 and (earliest_us is None or next_us < earliest_us):
                 earliest_us = next_us
 
+        deliveries: list[FillDelivery] = []
+        last_served: int | None = None
         with unavailable_on_failure("receive fill task"):
             peeks = await asyncio.gather(
                 *(self._batch.script(self._peek, [self._shards[n]], []) for n in order)
             )
-            for number, peek in zip(order, peeks, strict=True):
-                if int(peek) != 0:
-                    note_timer(int(peek))
-                    continue
-                shard = self._shards[number]
-                found = await self._receive(
-                    keys=[shard],
-                    args=[shard, self._visibility_us, _TIMER_BATCH, self._wakeups.channel],
-                )
-                if text(found[0]):
-                    self._next_shard = (number + 1) % count
-                    message_id, received_count, body = found
-                    received_count = int(received_count)
-                    receipt = f"{number}/{text(message_id)}.{received_count}"
-                    task = decode_task(text(body))
-                    return FillDelivery(task, receipt, received_count), None
-                note_timer(int(found[1]))  # another receiver was first
-        self._next_shard = (first + 1) % count
-        return None, None if earliest_us is None else earliest_us / 1_000_000
+            due: list[tuple[int, int]] = []  # (shard number, at most deliverable), in order
+            for number, (deliverable, next_us) in zip(order, peeks, strict=True):
+                if int(deliverable) > 0:
+                    due.append((number, int(deliverable)))
+                else:
+                    note_timer(int(next_us))
+            while due and not deliveries:
+                asks: list[tuple[int, int]] = []
+                remaining = limit
+                while due and remaining > 0:
+                    number, deliverable = due.pop(0)
+                    asks.append((number, min(deliverable, remaining)))
+                    remaining -= asks[-1][1]
+                replies = await self._ask(asks)
+                for (number, _), reply in zip(asks, replies, strict=True):
+                    if isinstance(reply, int):
+                        note_timer(reply)  # another receiver was first
+                    elif reply:
+                        deliveries.extend(reply)
+                        last_served = number
+        self._next_shard = (first if last_served is None else last_served) + 1
+        self._next_shard %= count
+        if deliveries:
+            return deliveries, None
+        return [], None if earliest_us is None else earliest_us / 1_000_000
+
+    async def _ask(self, asks: list[tuple[int, int]]) -> list[list[FillDelivery] | int]:
+        """Run the receive script on each (shard number, count) of ``asks`` at once: per ask,
+        its deliveries, or (none deliverable) the microseconds until the shard's earliest
+        timer (-1: none). A failed ask fails the call unless another ask delivered: those
+        deliveries are in flight now and are returned (a look that raised would leave them
+        invisible for the visibility timeout), the failed shard is asked again next look."""
+        calls = [
+            self._batch.script(
+                self._receive,
+                [self._shards[number]],
+                [
+                    self._shards[number],
+                    self._visibility_us,
+                    _TIMER_BATCH,
+                    wanted,
+                    self._wakeups.channel,
+                ],
+            )
+            for number, wanted in asks
+        ]
+        found = await asyncio.gather(*calls, return_exceptions=True)
+        replies: list[list[FillDelivery] | int] = []
+        failure: BaseException | None = None
+        for (number, _), reply in zip(asks, found, strict=True):
+            if isinstance(reply, BaseException):
+                failure = failure or reply
+                replies.append(-1)
+            elif not text(reply[0]):
+                replies.append(int(reply[1]))
+            else:
+                replies.append(self._deliveries(number, reply))
+        if failure is not None:
+            if not isinstance(failure, Exception) or not any(
+                isinstance(r, list) and r for r in replies
+            ):
+                raise failure
+            log.warning("fill task receive failed on a shard, the others delivered: %r", failure)
+        return replies
+
+    def _deliveries(self, number: int, flat: list[Any]) -> list[FillDelivery]:
+        """The deliveries of shard ``number``'s receive reply ``{id, count, body, ...}``."""
+        deliveries = []
+        for at in range(0, len(flat), 3):
+            message_id, received_count, body = flat[at : at + 3]
+            receipt = f"{number}/{text(message_id)}.{int(received_count)}"
+            task = decode_task(text(body))
+            deliveries.append(FillDelivery(task, receipt, int(received_count)))
+        return deliveries

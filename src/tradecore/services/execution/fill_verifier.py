@@ -6,12 +6,20 @@ what differs from the row: a check that confirms what placement recorded writes 
 settles the message: delete it (final outcome), re-queue it (pending: 30 s; partial), or move
 it to the dead-letter queue (retries exhausted). A check that cannot reach the broker counts
 as a pending observation, so a long outage ends in the dead letter, visible to operators.
+
+The worker host's loop takes deliveries in batches (``run_batch``): one receive, one read of
+every row, then the checks run concurrently, so their writes share a group commit and their
+settles share Redis pipelines. Checks of one user never run together: a user's group has one
+message in flight at a time, so a batch holds at most one delivery per user.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+
+import attrs
 
 from tradecore import fills
 from tradecore.errors import BrokerDisconnected
@@ -34,8 +42,38 @@ _RESUMED_STATES = {
 }
 
 
+@attrs.frozen
+class FillBatch:
+    """What one ``run_batch`` did: the decision of each delivery processed to its end (None:
+    nothing to check), in delivery order, and the number of deliveries whose processing
+    raised (logged, left in flight: redelivered after the visibility timeout)."""
+
+    decisions: tuple[FillDecision | None, ...] = ()
+    failed: int = 0
+
+    @property
+    def received(self) -> int:
+        """Deliveries the batch received; 0 when none came."""
+        return len(self.decisions) + self.failed
+
+
+class _Failed:
+    """A delivery whose processing raised (the marker among the batch's outcomes)."""
+
+
+_FAILED = _Failed()
+
+
+def _log_fields(delivery: FillDelivery) -> LogFields:
+    """The ids every log line about ``delivery`` carries: its order, user and account."""
+    task = delivery.task
+    return LogFields(
+        user_id=task.user_id, account_id=task.trading_account_id, order_id=task.order_id
+    )
+
+
 class FillVerifier:
-    """Processes order-tasks deliveries one at a time."""
+    """Processes order-tasks deliveries: in batches (``run_batch``) or one at a time."""
 
     def __init__(
         self,
@@ -50,25 +88,61 @@ class FillVerifier:
         self._clock = clock
 
     async def run_once(self, timeout_s: float) -> FillDecision | None:
-        """Receive and process at most one delivery; its decision, or None if none came."""
+        """Receive and process at most one delivery; its decision, or None if none came.
+        Raises what the processing raised (the delivery stays in flight)."""
         delivery = await self._tasks.receive(timeout_s)
         if delivery is None:
             return None
         return await self.process(delivery)
 
+    async def run_batch(self, limit: int, timeout_s: float) -> FillBatch:
+        """Receive up to ``limit`` deliveries (``FillTaskQueue.receive_many``: waiting up to
+        ``timeout_s`` only while none is deliverable), read their rows with one
+        ``get_many``, and process them concurrently, each as ``process`` would.
+
+        A delivery whose processing raises (its check, write or settle) is logged with its
+        order's ids and left in flight, redelivered after the visibility timeout, as after a
+        ``run_once`` that raised; the others are processed and settled all the same. A
+        failed receive or row read raises (every delivery received stays in flight)."""
+        deliveries = await self._tasks.receive_many(limit, timeout_s)
+        if not deliveries:
+            return FillBatch()
+        rows = await self._orders.get_many([d.task.order_id for d in deliveries])
+        # One task per delivery (gather wraps each): each binds its own log fields in its
+        # own copy of the context, so concurrent checks never log each other's ids.
+        outcomes = await asyncio.gather(
+            *(self._process_logged(d, rows.get(d.task.order_id)) for d in deliveries)
+        )
+        decisions = tuple(o for o in outcomes if not isinstance(o, _Failed))
+        return FillBatch(decisions, len(outcomes) - len(decisions))
+
     async def process(self, delivery: FillDelivery) -> FillDecision | None:
         """Check one order and settle its message. None when there was nothing to check.
         Every log line written meanwhile names the order, its user and its account."""
-        task = delivery.task
-        fields = LogFields(
-            user_id=task.user_id, account_id=task.trading_account_id, order_id=task.order_id
-        )
-        with log_fields_bound(fields):
-            decision = await self._process(delivery)
-        return decision
+        with log_fields_bound(_log_fields(delivery)):
+            row = await self._orders.get(delivery.task.order_id)
+            return await self._process(delivery, row)
 
-    async def _process(self, delivery: FillDelivery) -> FillDecision | None:
-        row = await self._orders.get(delivery.task.order_id)
+    async def _process_logged(
+        self, delivery: FillDelivery, row: OrderHistoryRecord | None
+    ) -> FillDecision | _Failed | None:
+        """``_process`` under the delivery's log fields; a failure is logged, not raised."""
+        with log_fields_bound(_log_fields(delivery)):
+            try:
+                return await self._process(delivery, row)
+            except Exception:
+                log.exception(
+                    "fill verification of order %s failed; it is checked again after the"
+                    " visibility timeout",
+                    delivery.task.order_id,
+                )
+                return _FAILED
+
+    async def _process(
+        self, delivery: FillDelivery, row: OrderHistoryRecord | None
+    ) -> FillDecision | None:
+        """Check the order of ``delivery``, whose row (None: none) was just read, and settle
+        the message."""
         state = self._state(row, delivery)
         if row is None or state is None:
             await self._tasks.ack(delivery)
