@@ -1,0 +1,167 @@
+"""Where one order's answer time goes in real mode, step by step (issue 13).
+
+Starts the real-mode stack (``stack.py``: API process, worker host, Postgres, Redis), primes
+every user's worker, then sends webhook orders one user at a time at a slow, steady rate, so
+each order meets an idle system. For every order it joins the client's send and answer times
+with the timestamps the order's row records on its way:
+
+* ``created_at``: the API built the intent (after the webhook's checks and its admission);
+* ``submitted_at``: the worker is about to claim the row (``queued -> submitted``);
+* ``placed_at``: the broker answered the placement;
+
+and prints the median and p90 of each gap:
+
+* send -> created: HTTP, parse, the four webhook checks, the admission script;
+* created -> submitted: the intent and audit commit, the hand-over to the worker host, its
+  take, the position read;
+* submitted -> placed: the claim's commit and the broker's placement (the paper broker writes
+  its book in Postgres);
+* placed -> answer: the result's commit, the fill check's scheduling, the reply, the API's
+  wake-up and the HTTP answer.
+
+All clocks are this machine's wall clock (the processes share it). Beside the steps it
+measures this machine's floor for one hop at the same pacing: the round trip of a UDP
+datagram to a second process that echoes it, sent as often as the orders. On a virtual
+machine whose idle virtual CPUs halt, a process that slept costs more to wake the less often
+it is woken, and an order makes a dozen such hops (client, API, Redis, Postgres and its WAL
+flush, worker host and back). Usage::
+
+    .venv/bin/python bench/real_mode/steps.py --users 50 --orders 400 --rate 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from load import accounts_from, prime, session
+from stack import Stack
+
+GAPS = (
+    ("send -> created", "sent", "created_at"),
+    ("created -> submitted", "created_at", "submitted_at"),
+    ("submitted -> placed", "submitted_at", "placed_at"),
+    ("placed -> answer", "placed_at", "answered"),
+    ("send -> answer", "sent", "answered"),
+)
+
+
+async def _orders(
+    documents: list[dict[str, str]], orders: int, rate: float
+) -> list[dict[str, float]]:
+    accounts = accounts_from(documents)
+    timings: list[dict[str, float]] = []
+    await prime(accounts, 4)
+    async with session(4) as client:
+        interval = 1.0 / rate
+        for index in range(orders):
+            account = accounts[index % len(accounts)]
+            body, quantity = account.next_body()
+            started = time.monotonic()
+            sent = time.time()
+            async with client.post(
+                account.url, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                payload = await response.json(content_type=None)
+            answered = time.time()
+            if response.status != 200 or payload.get("status") != "filled":
+                raise SystemExit(f"order {index}: {response.status} {payload}")
+            account.filled(quantity)
+            timings.append({"id": payload["order_id"], "sent": sent, "answered": answered})
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    return timings
+
+
+def idle_round_trip_us(rate: float, samples: int) -> float:
+    """Median round trip (µs) of a datagram to a forked echo process, one every 1/``rate`` s."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.bind(("127.0.0.1", 0))
+    echo.bind(("127.0.0.1", 0))
+    child = os.fork()
+    if child == 0:  # the echo process
+        while True:
+            data, address = echo.recvfrom(16)
+            if data == b"stop":
+                os._exit(0)
+            echo.sendto(data, address)
+    try:
+        times = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            client.sendto(b"ping", echo.getsockname())
+            client.recvfrom(16)
+            times.append(time.perf_counter() - started)
+            time.sleep(1.0 / rate)
+        return statistics.median(times) * 1e6
+    finally:
+        client.sendto(b"stop", echo.getsockname())
+        os.waitpid(child, 0)
+        client.close()
+        echo.close()
+
+
+def _rows(database_url: str, ids: list[str]) -> dict[str, dict[str, datetime]]:
+    with psycopg.connect(database_url) as conn:
+        cursor = conn.execute(
+            "SELECT id, created_at, submitted_at, placed_at FROM order_history WHERE id = ANY(%s)",
+            (ids,),
+        )
+        names = ("created_at", "submitted_at", "placed_at")
+        return {row[0]: dict(zip(names, row[1:], strict=True)) for row in cursor}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=50)
+    parser.add_argument("--orders", type=int, default=400)
+    parser.add_argument("--rate", type=float, default=20.0, help="orders per second")
+    args = parser.parse_args()
+    floor_us = idle_round_trip_us(args.rate, min(args.orders, 200))
+    print(json.dumps({"idle_round_trip_p50_us": round(floor_us, 1), "rate": args.rate}))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="tradecore-steps-")))
+    try:
+        stack.create()
+        documents = asyncio.run(stack.provision(args.users))
+        stack.start_api()
+        stack.start_worker()
+        timings = asyncio.run(_orders(documents, args.orders, args.rate))
+        rows = _rows(stack.database_url, [t["id"] for t in timings])
+    finally:
+        stack.close()
+    gaps: dict[str, list[float]] = {name: [] for name, _, _ in GAPS}
+    for timing in timings:
+        points: dict[str, float] = {"sent": timing["sent"], "answered": timing["answered"]}
+        points.update({k: v.timestamp() for k, v in rows[str(timing["id"])].items() if v})
+        for name, start, end in GAPS:
+            if start in points and end in points:
+                gaps[name].append((points[end] - points[start]) * 1000)
+    for name, values in gaps.items():
+        values.sort()
+        print(
+            json.dumps(
+                {
+                    "step": name,
+                    "n": len(values),
+                    "p50_ms": round(statistics.median(values), 3),
+                    "p90_ms": round(values[int(len(values) * 0.9)], 3),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
