@@ -11,10 +11,12 @@ keep-alive connection for each path:
   before ModSecurity runs);
 * ``edge, ModSecurity+CRS``: through the edge from another address, so every ModSecurity
   rule (rate windows, the CRS, known bad inputs, the reputation list) inspects it;
-* one path per ``--compare NAME=DIR[:ALLOCATOR]``: the same through another edge
+* one path per ``--compare NAME=DIR[:ALLOCATOR[:LIBDIR]]``: the same through another edge
   configuration (``DIR``, a copy of deploy/edge, for example from an earlier commit) with
-  nginx on ``ALLOCATOR`` (``jemalloc``, the default, or ``glibc``), proxying to the same
-  API process, so a change is measured against what it replaces in the same sitting.
+  nginx on ``ALLOCATOR`` (``jemalloc``, the default, or ``glibc``) and, with ``LIBDIR``, the
+  libraries in that directory first (``LD_LIBRARY_PATH``: another libmodsecurity build),
+  proxying to the same API process, so a change is measured against what it replaces in the
+  same sitting.
 
 ``--rounds`` repeats the whole sequence, alternating the paths, since a shared machine's load
 changes from minute to minute. The webhook names no real account, so the API answers 404
@@ -58,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "edge"))
 
@@ -91,6 +94,7 @@ class ComparedEdge:
         allocator: str,
         upstream_port: int,
         callgrind_out: Path | None = None,
+        library_dir: str = "",
     ) -> None:
         self.port = edge_harness.free_port()
         self.callgrind_out = callgrind_out
@@ -106,6 +110,8 @@ class ComparedEdge:
             args = [*valgrind, "--instr-atstart=no", *args]
             start_timeout_s = VALGRIND_START_TIMEOUT_S
         env = {"PATH": "/usr/bin:/bin", "HOME": str(root), **edge_harness.allocator_env(allocator)}
+        if library_dir:
+            env["LD_LIBRARY_PATH"] = library_dir
         self.nginx = edge_harness.Process(args, root / "nginx.out", env)
         deadline = time.monotonic() + start_timeout_s
         while not self._answers():
@@ -199,32 +205,47 @@ def paced_webhooks(path: EdgePath, rate: float, count: int) -> dict[str, object]
     return result
 
 
-def _compared(spec: str) -> tuple[str, Path, str]:
-    """``NAME=DIR[:ALLOCATOR]`` of ``--compare``."""
+class Compared(NamedTuple):
+    """One ``--compare``: a name, an edge directory, nginx's allocator, a library directory
+    searched first ("" for none)."""
+
+    name: str
+    directory: Path
+    allocator: str
+    library_dir: str
+
+
+def _compared(spec: str) -> Compared:
+    """``NAME=DIR[:ALLOCATOR[:LIBDIR]]`` of ``--compare``."""
     name, _, rest = spec.partition("=")
-    directory, _, allocator = rest.partition(":")
+    directory, _, rest = rest.partition(":")
+    allocator, _, library_dir = rest.partition(":")
     if not name or not directory:
-        raise argparse.ArgumentTypeError(f"expected NAME=DIR[:ALLOCATOR], got {spec!r}")
-    return name, Path(directory), allocator or "jemalloc"
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR[:ALLOCATOR[:LIBDIR]], got {spec!r}")
+    return Compared(name, Path(directory), allocator or "jemalloc", library_dir)
 
 
 def instruction_counts(
-    root: Path, upstream_port: int, compared: list[tuple[str, Path, str]], count: int
+    root: Path, upstream_port: int, compared: list[Compared], count: int
 ) -> None:
     """Print the instructions per webhook of the shipped edge (from the alert-source address
     and from another one) and of each compared configuration (from another address)."""
+    shipped = edge_harness.EDGE_DIR
     runs = [
-        ("edge, alert source", edge_harness.EDGE_DIR, "jemalloc", edge_harness.ALERT_SOURCE_IP),
-        ("edge, ModSecurity+CRS", edge_harness.EDGE_DIR, "jemalloc", NON_ALERT_SOURCE),
+        ("edge, alert source", shipped, "jemalloc", "", edge_harness.ALERT_SOURCE_IP),
+        ("edge, ModSecurity+CRS", shipped, "jemalloc", "", NON_ALERT_SOURCE),
     ]
     runs += [
-        (f"{name}, ModSecurity+CRS", d, alloc, NON_ALERT_SOURCE) for name, d, alloc in compared
+        (f"{c.name}, ModSecurity+CRS", c.directory, c.allocator, c.library_dir, NON_ALERT_SOURCE)
+        for c in compared
     ]
-    for number, (name, edge_dir, allocator, source) in enumerate(runs):
+    for number, (name, edge_dir, allocator, library_dir, source) in enumerate(runs):
         run_root = root / f"callgrind-{number}"
         run_root.mkdir()
         out = run_root / "callgrind.out"
-        edge = ComparedEdge(run_root, edge_dir, allocator, upstream_port, callgrind_out=out)
+        edge = ComparedEdge(
+            run_root, edge_dir, allocator, upstream_port, callgrind_out=out, library_dir=library_dir
+        )
         try:
             per_webhook = edge.count_instructions(source, count)
         finally:
@@ -242,7 +263,7 @@ def main() -> None:
         type=_compared,
         action="append",
         default=[],
-        metavar="NAME=DIR[:ALLOCATOR]",
+        metavar="NAME=DIR[:ALLOCATOR[:LIBDIR]]",
         help="another edge configuration to measure alongside (repeatable)",
     )
     parser.add_argument(
@@ -275,9 +296,11 @@ def main() -> None:
                     "edge, ModSecurity+CRS", stack.edge_port, NON_ALERT_SOURCE, stack.worker_cpu_ns
                 ),
             ]
-            for name, directory, allocator in args.compare:
+            for name, directory, allocator, library_dir in args.compare:
                 (root / name).mkdir()
-                edge = ComparedEdge(root / name, directory, allocator, stack.app_port)
+                edge = ComparedEdge(
+                    root / name, directory, allocator, stack.app_port, library_dir=library_dir
+                )
                 compared.append(edge)
                 paths.append(
                     EdgePath(
