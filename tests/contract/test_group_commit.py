@@ -4,7 +4,11 @@ The mechanism alone (``GroupCommit`` with a recording writer): an idle batcher w
 a busy one gathers what arrives, results and failures are per item, a cancelled caller's item
 is still written. On Postgres (``PostgresOrderHistory``): concurrent adds and transitions share
 one commit, a duplicate fingerprint refuses only its own order, an outage inside a batch fails
-every caller of that batch and leaves none of its rows behind.
+every caller of that batch and leaves none of its rows behind. Merged statements
+(``Merge``, ``plan_batch``): which statements of a batch are sent as one, in what order, and
+on Postgres that a merged statement answers each caller, falls back to one statement at a
+time when refused, and fails every caller without writing again when its results cannot be
+split after the commit (the order history's merges: test_merged_writes.py).
 
 "One commit" is read from the rows themselves: every row version carries the id of the
 transaction that wrote it (``xmin``), so rows of one batch share exactly one.
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
+import psycopg
 import pytest
 from test_repositories import order, postgres_stores, two_users_with_accounts
 
@@ -22,7 +28,14 @@ from tradecore.errors import DatabaseUnavailable, DuplicateOrder
 from tradecore.order_lifecycle import Submitted
 from tradecore.orders import OrderStatus
 from tradecore_adapters.postgres import Pool
-from tradecore_adapters.postgres.group_commit import GroupCommit, Statement, shared_batcher
+from tradecore_adapters.postgres.group_commit import (
+    GroupCommit,
+    Merge,
+    Statement,
+    StatementResult,
+    plan_batch,
+    shared_batcher,
+)
 from tradecore_adapters.postgres.rows import fetch_all
 
 # A bound on a hang, not a measurement: every wait below ends long before it when correct.
@@ -140,6 +153,47 @@ def test_nonsense_settings_are_refused() -> None:
         GroupCommit(writer, max_batch=0)
     with pytest.raises(ValueError, match="max_batch"):
         GroupCommit(writer, linger_s=-1.0)
+
+
+# --- merged statements: how a batch is sent -------------------------------------------------
+
+
+def _never(*_: object) -> Any:
+    raise AssertionError("plan_batch only groups statements")
+
+
+KIND_A = Merge(("a",), _never, _never)
+KIND_B = Merge(("b",), _never, _never)
+
+
+def _statement(row: str, merge: Merge | None) -> Statement:
+    return Statement(f"-- {row}", None, ("t", row), merge)
+
+
+def test_without_merges_a_batch_is_sent_one_statement_at_a_time_in_lock_key_order() -> None:
+    statements = [_statement(row, None) for row in ("c", "a", "b", "a")]
+    # the two statements of row a in the order they came
+    assert plan_batch(statements) == [[1], [3], [2], [0]]
+
+
+def test_statements_of_one_kind_are_merged_and_one_row_written_twice_is_not() -> None:
+    statements = [
+        _statement("d", KIND_A),  # 0
+        _statement("b", KIND_A),  # 1
+        _statement("c", KIND_B),  # 2
+        _statement("b", KIND_A),  # 3: row b again, same kind: a later statement
+        _statement("a", None),  # 4: no merge: alone
+        _statement("c", KIND_A),  # 5: after 2 (row c), so not with 1
+        _statement("e", KIND_B),  # 6
+        _statement("b", KIND_B),  # 7: row b a third time, after 3
+    ]
+    # Taken in lock key order: a4 b1 b3 b7 c2 c5 d0 e6; groups in the order they start.
+    assert plan_batch(statements) == [[4], [1], [3], [7, 2, 6], [5, 0]]
+
+
+def test_a_batch_of_distinct_rows_is_one_statement_per_kind() -> None:
+    statements = [_statement(row, KIND_A if row < "m" else KIND_B) for row in "zkmacb"]
+    assert plan_batch(statements) == [[3, 5, 4, 1], [2, 0]]
 
 
 # --- on Postgres ---------------------------------------------------------------------------
@@ -271,3 +325,114 @@ async def test_a_batch_the_server_aborts_is_written_again_statement_by_statement
     stored = [r.id for r in records]
     assert await _stored_ids(pg_pool) == set(stored)
     assert len(await _transactions_of(pg_pool, stored)) == len(stored)  # one by one
+
+
+class KeyInserts:
+    """A merge of single-row inserts into ``order_keys`` (a table without foreign keys):
+    records the batches it merged; ``fail_split`` makes its split fail."""
+
+    def __init__(self, *, fail_split: bool = False) -> None:
+        self.merged: list[list[str]] = []
+        self.fail_split = fail_split
+        self.merge = Merge(("test:key-insert",), self._combine, self._split)
+
+    def statement(self, order_id: str) -> Statement:
+        return Statement(
+            "INSERT INTO order_keys (id, user_id, created_at) VALUES (%s, 'u', now()) RETURNING id",
+            [order_id],
+            ("order_keys", order_id),
+            self.merge,
+        )
+
+    @staticmethod
+    def _id(statement: Statement) -> str:
+        assert isinstance(statement.params, list)
+        return str(statement.params[0])
+
+    def _combine(self, statements: Sequence[Statement]) -> tuple[str, list[Any]]:
+        ids = [self._id(s) for s in statements]
+        self.merged.append(ids)
+        rows = ", ".join(f"(${n}, 'u', now())" for n in range(1, len(ids) + 1))
+        return f"INSERT INTO order_keys (id, user_id, created_at) VALUES {rows} RETURNING id", ids
+
+    def _split(
+        self, statements: Sequence[Statement], result: StatementResult
+    ) -> list[StatementResult]:
+        if self.fail_split:
+            raise KeyError("a split that fails")
+        inserted = {row["id"] for row in result.rows}
+        ids = [self._id(s) for s in statements]
+        return [
+            StatementResult([{"id": i}], 1) if i in inserted else StatementResult([], 0)
+            for i in ids
+        ]
+
+
+async def _keys(pool: Pool) -> dict[str, str]:
+    """Every order_keys row: its id and the transaction that wrote it."""
+    rows = await fetch_all(pool, "SELECT id, xmin::text AS xid FROM order_keys")
+    return {str(r["id"]): str(r["xid"]) for r in rows}
+
+
+@pytest.mark.postgres
+async def test_a_batch_of_one_kind_is_one_statement_and_each_caller_gets_its_own_result(
+    pg_pool: Pool,
+) -> None:
+    inserts = KeyInserts()
+    batcher = shared_batcher(pg_pool)
+    ids = [f"k-{n}" for n in (3, 1, 2, 0)]
+
+    results = await asyncio.gather(*(batcher.run(inserts.statement(i)) for i in ids))
+
+    assert inserts.merged == [["k-0", "k-1", "k-2", "k-3"]]  # one statement, lock key order
+    assert [r.rows for r in results] == [[{"id": i}] for i in ids]
+    assert [r.rowcount for r in results] == [1] * len(ids)
+    keys = await _keys(pg_pool)
+    assert set(keys) == set(ids)
+    assert len(set(keys.values())) == 1
+
+
+@pytest.mark.postgres
+async def test_a_merged_statement_the_database_refuses_is_written_again_one_at_a_time(
+    pg_pool: Pool,
+) -> None:
+    inserts = KeyInserts()
+    batcher = shared_batcher(pg_pool)
+    await batcher.run(inserts.statement("k-taken"))  # alone: not merged
+    assert inserts.merged == []
+
+    ids = ["k-0", "k-taken", "k-1"]
+    results = await asyncio.gather(
+        *(batcher.run(inserts.statement(i)) for i in ids), return_exceptions=True
+    )
+
+    assert inserts.merged == [["k-0", "k-1", "k-taken"]]  # then each alone, unmerged
+    first, taken, second = results
+    assert isinstance(taken, psycopg.errors.UniqueViolation)
+    assert isinstance(first, StatementResult) and first.rows == [{"id": "k-0"}]
+    assert isinstance(second, StatementResult) and second.rows == [{"id": "k-1"}]
+    keys = await _keys(pg_pool)
+    assert set(keys) == {"k-taken", "k-0", "k-1"}
+    assert keys["k-0"] != keys["k-1"]
+
+
+@pytest.mark.postgres
+async def test_a_split_that_fails_after_the_commit_fails_every_caller_and_writes_once(
+    pg_pool: Pool,
+) -> None:
+    """Written again, each insert would find its own row (a primary key violation), as a
+    transition would find its own change: the callers get ``DatabaseUnavailable``, the batch
+    stays committed once."""
+    inserts = KeyInserts(fail_split=True)
+    batcher = shared_batcher(pg_pool)
+    ids = ["k-0", "k-1", "k-2"]
+
+    results = await asyncio.gather(
+        *(batcher.run(inserts.statement(i)) for i in ids), return_exceptions=True
+    )
+
+    assert all(isinstance(r, DatabaseUnavailable) for r in results), results
+    assert inserts.merged == [ids]
+    keys = await _keys(pg_pool)
+    assert set(keys) == set(ids)
+    assert len(set(keys.values())) == 1

@@ -20,13 +20,30 @@ item's result. It knows nothing of SQL.
   is after its commit. A caller cancelled while waiting does not withdraw its item: it is
   written all the same.
 
-``StatementBatcher`` applies it to SQL on a pool: each statement of a batch runs in one
+``StatementBatcher`` applies it to SQL on a pool: the statements of a batch run in one
 transaction sent in pipeline mode (one round trip, one commit). Statements are run in the
-order of their ``lock_key``, so two processes' batches take row locks in the same order and
-cannot deadlock each other; should the server still abort the transaction (a deadlock or
-serialization failure), the batch is retried one statement at a time. ``shared_batcher``
-gives every adapter on a pool the same batcher, so an order's claim of one user and another
-user's result share a commit.
+order of their ``lock_key``, so two processes' batches take row locks in the same order;
+should the server still abort the transaction (a deadlock or serialization failure), the
+batch is retried one statement at a time. ``shared_batcher`` gives every adapter on a pool
+the same batcher, so an order's claim of one user and another user's result share a commit.
+
+* **Merged statements.** A statement may carry a ``Merge``: statements of a batch whose
+  merges have the same ``key`` are sent as ONE statement (say one multi-row UPDATE for many
+  orders' claims), which saves the client's per-statement work (the pipeline's messages, the
+  parameters' set-up, a cursor and a result description each). Two statements with the same
+  ``lock_key`` (the same row) never share a merged statement, since a multi-row UPDATE
+  applies only one change to a row it is asked to change twice: the second goes in a later
+  statement, so it sees the first's effect as if each were sent alone (``plan_batch``).
+  Statements without a merge are sent one by one in ``lock_key`` order, as before, and a
+  merge lists its statements in ``lock_key`` order. A merged statement takes its rows' locks
+  in the order its plan visits them, and is sent where its first statement's ``lock_key``
+  sorts: two processes' batches that write the same two rows can now take their locks in
+  opposite orders and deadlock; the server detects it (after ``deadlock_timeout``) and aborts
+  one, which is then written again one statement at a time (nothing lost or applied twice).
+  Every fallback is per statement: a batch of one statement, a group of one, and every retry
+  run the statement unmerged, so a merge changes how a batch is sent, never what it writes.
+  A merge's ``split`` runs after the commit: should it fail, every caller of the batch gets
+  ``DatabaseUnavailable`` (as after a lost COMMIT), and nothing is written again.
 """
 
 from __future__ import annotations
@@ -34,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -175,11 +192,14 @@ class GroupCommit(Generic[T, R]):
 @attrs.frozen
 class Statement:
     """One SQL statement of a batch. ``lock_key`` orders the statements of a batch (and so
-    the row locks they take): use the table and the key of the row the statement writes."""
+    the row locks they take): use the table and the key of the row the statement writes;
+    statements with the same ``lock_key`` are taken to write the same row. ``merge`` (when
+    given) says how statements of its kind are written as one (``Merge``)."""
 
     query: QueryNoTemplate
     params: Params | None
     lock_key: tuple[str, ...]
+    merge: Merge | None = None
 
 
 @attrs.frozen
@@ -188,6 +208,27 @@ class StatementResult:
 
     rows: list[dict[str, Any]]
     rowcount: int
+
+
+@attrs.frozen(eq=False)
+class Merge:
+    """How statements of one kind are written as one statement.
+
+    Statements whose merges have equal ``key`` (hashable) may be merged; they must then
+    merge alike (``combine`` and ``split`` of any of them serve for all). ``combine`` gets two
+    or more such statements, in ``lock_key`` order and no two with the same ``lock_key``, and
+    returns the query and parameters of ONE statement that writes what they would write one
+    after the other in that order. That query is sent by a raw cursor: its placeholders are
+    PostgreSQL's own (``$1``, ``$2``, ...) and its parameters a sequence (psycopg parses
+    ``%s`` placeholders in Python on every call for a query over 4 KB or 50 parameters,
+    milliseconds for a long multi-row statement). ``split`` gets the same statements and that
+    statement's result, and returns each statement's own result (what it would have returned
+    alone), in the same order; it runs after the commit and must not fail (module doc).
+    """
+
+    key: Hashable
+    combine: Callable[[Sequence[Statement]], tuple[str, Sequence[Any]]]
+    split: Callable[[Sequence[Statement], StatementResult], Sequence[StatementResult]]
 
 
 class BatchAborted(Exception):
@@ -248,27 +289,89 @@ async def _execute(conn: psycopg.AsyncConnection[Any], statement: Statement) -> 
         return StatementResult(rows, cur.rowcount)
 
 
+def plan_batch(statements: Sequence[Statement]) -> list[list[int]]:
+    """How a batch is sent: the statements' indexes grouped into the statements sent, in the
+    order they are sent. A group of one is sent unmerged, a longer one merged (its members
+    share a merge key and no ``lock_key``, in ``lock_key`` order).
+
+    The statements are taken in ``lock_key`` order (among equal keys, the batch's order).
+    Each joins the latest group of its merge key unless a statement of its ``lock_key`` was
+    put in that group or a later one (it must run after that statement); otherwise it starts
+    a group of its own. Groups are sent in the order they were started. Without merges this
+    is one statement at a time in ``lock_key`` order."""
+    order = sorted(range(len(statements)), key=lambda i: statements[i].lock_key)
+    sent: list[list[int]] = []
+    latest: dict[Hashable, int] = {}  # merge key -> its latest group (index in ``sent``)
+    last: dict[tuple[str, ...], int] = {}  # lock key -> the group of its last statement
+    for i in order:
+        statement = statements[i]
+        merge = statement.merge
+        group = None if merge is None else latest.get(merge.key)
+        if group is not None and last.get(statement.lock_key, -1) < group:
+            sent[group].append(i)
+        else:
+            group = len(sent)
+            sent.append([i])
+            if merge is not None:
+                latest[merge.key] = group
+        last[statement.lock_key] = group
+    return sent
+
+
+def _combined(statements: Sequence[Statement]) -> tuple[QueryNoTemplate, Params | None]:
+    """The query and parameters sending ``statements`` (one group of ``plan_batch``)."""
+    if len(statements) == 1:
+        return statements[0].query, statements[0].params
+    merge = statements[0].merge
+    assert merge is not None  # plan_batch groups merged statements only
+    return merge.combine(statements)
+
+
+def _split(statements: Sequence[Statement], result: StatementResult) -> Sequence[StatementResult]:
+    """Each of ``statements``' own result from the result of the statement that sent them."""
+    if len(statements) == 1:
+        return [result]
+    merge = statements[0].merge
+    assert merge is not None
+    results = merge.split(statements, result)
+    if len(results) != len(statements):
+        raise RuntimeError(f"merge split: {len(results)} results for {len(statements)}")
+    return results
+
+
 async def _execute_in_one_transaction(
     conn: psycopg.AsyncConnection[Any], statements: list[Statement]
 ) -> list[StatementResult]:
-    """Every statement in one transaction, in ``lock_key`` order, sent as one pipeline; the
-    results in the order of ``statements``, once committed."""
-    order = sorted(range(len(statements)), key=lambda i: statements[i].lock_key)
-    cursors: dict[int, psycopg.AsyncCursor[dict[str, Any]]] = {}
+    """Every statement in one transaction, merged and ordered by ``plan_batch``, sent as one
+    pipeline; the results in the order of ``statements``, once committed."""
+    plan = plan_batch(statements)
+    groups = [[statements[i] for i in group] for group in plan]
+    cursors: list[psycopg.AsyncCursor[dict[str, Any]]] = []
     try:
         async with conn.pipeline(), conn.transaction():
-            for i in order:
-                cursor = conn.cursor(row_factory=dict_row)
-                cursors[i] = cursor
-                await cursor.execute(statements[i].query, statements[i].params)
-        results = []
-        for i in range(len(statements)):
-            cursor = cursors[i]
-            rows = await cursor.fetchall() if cursor.description is not None else []
-            results.append(StatementResult(rows, cursor.rowcount))
-        return results
+            for group in groups:
+                cursor = (
+                    conn.cursor(row_factory=dict_row)
+                    if len(group) == 1
+                    else psycopg.AsyncRawCursor(conn, row_factory=dict_row)
+                )
+                cursors.append(cursor)
+                await cursor.execute(*_combined(group))
+        try:
+            results: dict[int, StatementResult] = {}
+            for indexes, group, cursor in zip(plan, groups, cursors, strict=True):
+                rows = await cursor.fetchall() if cursor.description is not None else []
+                sent = StatementResult(rows, cursor.rowcount)
+                results.update(zip(indexes, _split(group, sent), strict=True))
+            return [results[i] for i in range(len(statements))]
+        except Exception as e:
+            # Committed: written again, a statement would apply twice (or find itself a
+            # duplicate); its caller cannot be told more than after a lost COMMIT.
+            raise DatabaseUnavailable(
+                "database unavailable: a committed batch's results could not be read"
+            ) from e
     finally:
-        for cursor in cursors.values():
+        for cursor in cursors:
             await cursor.close()
 
 

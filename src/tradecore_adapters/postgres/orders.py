@@ -16,7 +16,8 @@ writes of concurrent callers share one transaction and one commit, and each retu
 commit is done. A batch succeeds or fails per order: the insert is ``ON CONFLICT DO NOTHING``,
 so a duplicate fingerprint refuses only its own order (also against an insert earlier in the
 same batch), and an outage fails every caller of the batch with ``DatabaseUnavailable``, with
-nothing of the batch written.
+nothing of the batch written. A batch's adds, and its transitions of one kind, are sent as one
+multi-row statement each (``order_writes``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tradecore.orders import (
     Source,
 )
 from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
+from tradecore_adapters.postgres.order_writes import ADD_MERGE, transition_merge
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc, utc_or_none
 
@@ -211,7 +213,8 @@ class PostgresOrderHistory:
         params = {f: _encode(f, getattr(record, f)) for f in _FIELDS}
         # Locks are taken on the fingerprint's index entry (and the new id): order by both.
         key = ("order_history:add", record.user_id, record.fingerprint or "", record.id)
-        inserted = await self._writes.run(Statement(_INSERT, params, key))
+        # Merged with the batch's other adds into one statement (order_writes).
+        inserted = await self._writes.run(Statement(_INSERT, params, key, ADD_MERGE))
         if not inserted.rows:
             raise DuplicateOrder(record.fingerprint)
 
@@ -232,7 +235,10 @@ class PostgresOrderHistory:
         params: dict[str, Any] = {f"set_{f}": _encode(f, v) for f, v in fields.items()}
         params["order_id"] = order_id
         params["expected"] = list(_status_texts(leaves))
-        statement = Statement(_transition_query(tuple(fields)), params, ("order_history", order_id))
+        written = tuple(fields)
+        key = ("order_history", order_id)
+        # Merged with the batch's other transitions of its kind into one statement (order_writes).
+        statement = Statement(_transition_query(written), params, key, transition_merge(written))
         updated = (await self._writes.run(statement)).rows
         return order_from_row(updated[0]) if updated else None
 
