@@ -1,5 +1,6 @@
-"""Merged order writes (``order_writes``): a batch's adds, and its transitions of one kind,
-sent by group commit as one statement each, on Postgres.
+"""Merged writes: a batch's order adds, its order transitions of one kind (``order_writes``)
+and its document saves (the paper books, ``documents.UPSERT_MERGE``), sent by group commit as
+one statement each, on Postgres.
 
 Each test gathers its writes so they make one batch (an idle batcher starts a batch with
 whatever is waiting when its drainer runs, and every write here is queued before that), and
@@ -34,7 +35,7 @@ from tradecore.order_lifecycle import (
     sources,
 )
 from tradecore.orders import OrderHistoryRecord, OrderStatus
-from tradecore_adapters.postgres import Pool
+from tradecore_adapters.postgres import Pool, PostgresDocumentStore
 from tradecore_adapters.postgres.group_commit import Statement, shared_batcher
 from tradecore_adapters.postgres.order_writes import ORDER_COLUMN_TYPES
 from tradecore_adapters.postgres.rows import fetch_all
@@ -68,6 +69,9 @@ class Sent:
     def inserts(self) -> list[str]:
         return [q for q in self.queries if "INSERT INTO order_history" in q]
 
+    def document_saves(self) -> list[str]:
+        return [q for q in self.queries if q.startswith("INSERT INTO documents")]
+
     def clear(self) -> None:
         self.queries.clear()
 
@@ -80,7 +84,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
 
     async def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
         text = query if isinstance(query, str) else str(query)
-        if "order_history" in text:
+        if "order_history" in text or "INSERT INTO documents" in text:
             spy.queries.append(text)
         return await execute(cursor, query, params, **kwargs)
 
@@ -354,3 +358,43 @@ async def test_the_merged_values_are_cast_to_the_columns_types(pg_pool: Pool) ->
     )
     assert {r["name"]: r["type"] for r in rows} == dict(ORDER_COLUMN_TYPES)
     assert set(ORDER_COLUMN_TYPES) == {f.name for f in attrs.fields(OrderHistoryRecord)}
+
+
+# --- document saves (the paper books) ---------------------------------------------------------
+
+
+async def test_concurrent_saves_are_one_statement_and_each_stores_its_documents(
+    pg_pool: Pool, sent: Sent
+) -> None:
+    documents = PostgresDocumentStore(pg_pool)
+    await documents.save("book-0", {"cash": "1"})  # replaced below
+    sent.clear()
+    saves = [
+        {f"book-{n}": {"cash": str(n)}, f"book-{n}:order:c{n}": {"filled": n}} for n in range(6)
+    ]
+
+    await asyncio.gather(*(documents.save_many(d) for d in saves))
+
+    assert len(sent.document_saves()) == 1
+    for save in saves:
+        for name, body in save.items():
+            assert await documents.load(name) == body
+
+
+async def test_saves_sharing_a_name_are_written_one_by_one_and_the_last_wins(
+    pg_pool: Pool, sent: Sent
+) -> None:
+    # Different first names (lock keys), so the batcher merges them; the shared second name
+    # makes the merged upsert fail, and the batch is written again one save at a time.
+    documents = PostgresDocumentStore(pg_pool)
+    sent.clear()
+
+    await asyncio.gather(
+        documents.save_many({"a-book": {"n": 1}, "shared": {"by": "a"}}),
+        documents.save_many({"b-book": {"n": 2}, "shared": {"by": "b"}}),
+    )
+
+    assert len(sent.document_saves()) == 3  # the merged one, then each alone
+    assert await documents.load("a-book") == {"n": 1}
+    assert await documents.load("b-book") == {"n": 2}
+    assert await documents.load("shared") == {"by": "b"}

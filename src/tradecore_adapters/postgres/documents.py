@@ -3,18 +3,27 @@
 Used for state that is read and written as one piece, such as the paper broker's snapshot in
 real mode. A save replaces the document atomically; the last save wins. ``create_if_absent``
 never replaces: the first document stored under a name stays (key material, the KeyStore port).
+
+Saves are written by group commit, and the saves of one batch are sent as one INSERT
+(``UPSERT_MERGE``): in real mode every placement saves its account's book and order, so the
+worker host's concurrent placements share one statement as well as one commit.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tradecore_adapters.postgres.group_commit import Statement, shared_batcher
+from tradecore_adapters.postgres.group_commit import (
+    Merge,
+    Statement,
+    StatementResult,
+    shared_batcher,
+)
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import fetch_one
 
@@ -30,6 +39,40 @@ def _upsert_rows(count: int) -> str:
         .format(rows=sql.SQL(", ").join([sql.SQL("(%s, %s, now())")] * count))
         .as_string()
     )
+
+
+_UPSERT_HEAD = "INSERT INTO documents (name, body, updated_at) VALUES "
+_UPSERT_TAIL = " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered_rows(count: int) -> str:
+    """``count`` rows ``($1::text, $2::jsonb, now()), ...`` (PostgreSQL's own placeholders:
+    the batcher sends a merged statement by a raw cursor)."""
+    return ", ".join(f"(${2 * n + 1}::text, ${2 * n + 2}::jsonb, now())" for n in range(count))
+
+
+def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
+    """One upsert of every (name, body) pair of ``statements``, in their order."""
+    params: list[Any] = []
+    for statement in statements:
+        assert isinstance(statement.params, list)
+        params += statement.params
+    return _UPSERT_HEAD + _numbered_rows(len(params) // 2) + _UPSERT_TAIL, params
+
+
+def _split_upserts(
+    statements: Sequence[Statement], result: StatementResult
+) -> list[StatementResult]:
+    """Each save wrote its own documents (the upsert returns no rows)."""
+    return [StatementResult([], len(s.params or ()) // 2) for s in statements]
+
+
+UPSERT_MERGE = Merge(("documents:upsert",), _combine_upserts, _split_upserts)
+"""How a batch's saves are sent as one statement. Saves of different names only: the batcher
+keeps two saves with one ``lock_key`` (their first name) apart, and should two merged saves
+still share a name, the INSERT fails ("cannot affect row a second time") and the batch is
+written again one save at a time, as any failed batch is."""
 
 
 class PostgresDocumentStore:
@@ -58,7 +101,8 @@ class PostgresDocumentStore:
         params: list[Any] = []
         for name in names:
             params += [name, Jsonb(documents[name])]
-        statement = Statement(_upsert_rows(len(names)), params, ("documents", names[0]))
+        key = ("documents", names[0])
+        statement = Statement(_upsert_rows(len(names)), params, key, UPSERT_MERGE)
         await shared_batcher(self._pool).run(statement)
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
