@@ -1,8 +1,9 @@
 """Where one order's answer time goes in real mode, step by step (issue 13).
 
 Starts the real-mode stack (``stack.py``: API process, worker host, Postgres, Redis), primes
-every user's worker, then sends webhook orders one user at a time at a slow, steady rate, so
-each order meets an idle system. For every order it joins the client's send and answer times
+every user's worker, then sends webhook orders on a fixed schedule (open loop) from the users
+in turn: at a slow rate each order meets an idle system, at a high one it shows which step
+the load lengthens. For every order it joins the client's send and answer times
 with the timestamps the order's row records on its way:
 
 * ``created_at``: the API built the intent (after the webhook's checks and its admission);
@@ -62,26 +63,35 @@ GAPS = (
 async def _orders(
     documents: list[dict[str, str]], orders: int, rate: float
 ) -> list[dict[str, float]]:
+    """``orders`` orders sent on a fixed schedule (open loop, ``rate`` per second), each by
+    the next account in turn (an account sends its next order only once its last one was
+    answered, so positions stay bounded); the send and answer times of each."""
     accounts = accounts_from(documents)
     timings: list[dict[str, float]] = []
     await prime(accounts, 4)
-    async with session(4) as client:
-        interval = 1.0 / rate
-        for index in range(orders):
+    async with session(max(4, len(accounts))) as client:
+
+        async def one(index: int) -> None:
             account = accounts[index % len(accounts)]
-            body, quantity = account.next_body()
-            started = time.monotonic()
-            sent = time.time()
-            async with client.post(
-                account.url, data=body, headers={"Content-Type": "application/json"}
-            ) as response:
-                payload = await response.json(content_type=None)
-            answered = time.time()
-            if response.status != 200 or payload.get("status") != "filled":
-                raise SystemExit(f"order {index}: {response.status} {payload}")
-            account.filled(quantity)
+            async with account.lock:
+                body, quantity = account.next_body()
+                sent = time.time()
+                async with client.post(
+                    account.url, data=body, headers={"Content-Type": "application/json"}
+                ) as response:
+                    payload = await response.json(content_type=None)
+                answered = time.time()
+                if response.status != 200 or payload.get("status") != "filled":
+                    raise SystemExit(f"order {index}: {response.status} {payload}")
+                account.filled(quantity)
             timings.append({"id": payload["order_id"], "sent": sent, "answered": answered})
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+        start = time.monotonic()
+        sends = []
+        for index in range(orders):
+            await asyncio.sleep(max(0.0, start + index / rate - time.monotonic()))
+            sends.append(asyncio.create_task(one(index)))
+        await asyncio.gather(*sends)
     return timings
 
 
