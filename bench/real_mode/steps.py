@@ -49,7 +49,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import accounts_from, prime, session
-from stack import Stack
+from stack import Stack, cpu_seconds, machine_busy_seconds
 
 GAPS = (
     ("send -> created", "sent", "created_at"),
@@ -61,7 +61,7 @@ GAPS = (
 
 
 async def _orders(
-    documents: list[dict[str, str]], orders: int, rate: float
+    documents: list[dict[str, str]], orders: int, rate: float, pids: dict[str, int]
 ) -> list[dict[str, float]]:
     """``orders`` orders sent on a fixed schedule (open loop, ``rate`` per second), each by
     the next account in turn (an account sends its next order only once its last one was
@@ -86,12 +86,18 @@ async def _orders(
                 account.filled(quantity)
             timings.append({"id": payload["order_id"], "sent": sent, "answered": answered})
 
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        busy_before = machine_busy_seconds()
         start = time.monotonic()
         sends = []
         for index in range(orders):
             await asyncio.sleep(max(0.0, start + index / rate - time.monotonic()))
             sends.append(asyncio.create_task(one(index)))
         await asyncio.gather(*sends)
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        cpu["machine"] = machine_busy_seconds() - busy_before
+        per_order = {f"{name}_ms": round(1000 * s / orders, 3) for name, s in cpu.items()}
+        print(json.dumps({"cpu_per_order": per_order}))
     return timings
 
 
@@ -148,7 +154,7 @@ def main() -> None:
         documents = asyncio.run(stack.provision(args.users))
         stack.start_api()
         stack.start_worker()
-        timings = asyncio.run(_orders(documents, args.orders, args.rate))
+        timings = asyncio.run(_orders(documents, args.orders, args.rate, stack.pids()))
         rows = _rows(stack.database_url, [t["id"] for t in timings])
     finally:
         stack.close()
