@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -348,7 +348,7 @@ async def _execute_in_one_transaction(
     groups = [[statements[i] for i in group] for group in plan]
     cursors: list[psycopg.AsyncCursor[dict[str, Any]]] = []
     try:
-        async with conn.pipeline(), conn.transaction():
+        async with _atomically(conn, len(groups)):
             for group in groups:
                 cursor = (
                     conn.cursor(row_factory=dict_row)
@@ -373,6 +373,19 @@ async def _execute_in_one_transaction(
     finally:
         for cursor in cursors:
             await cursor.close()
+
+
+@contextlib.asynccontextmanager
+async def _atomically(conn: psycopg.AsyncConnection[Any], statements: int) -> AsyncIterator[None]:
+    """One transaction, in pipeline mode, around ``statements`` statements sent; nothing
+    around one (a batch merged into a single statement): a statement is atomic on its own,
+    and the pool's connections commit it (autocommit), which spares the pipeline's set-up,
+    BEGIN, COMMIT and the sync."""
+    if statements == 1:
+        yield
+        return
+    async with conn.pipeline(), conn.transaction():
+        yield
 
 
 _SHARED: weakref.WeakKeyDictionary[Pool, StatementBatcher] = weakref.WeakKeyDictionary()
