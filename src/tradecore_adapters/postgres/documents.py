@@ -15,41 +15,27 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from tradecore_adapters.postgres.group_commit import (
     Merge,
     Statement,
     StatementResult,
+    numbered_values,
     shared_batcher,
 )
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import fetch_one
 
+_UPSERT_HEAD = "INSERT INTO documents (name, body) "
+_UPSERT_TAIL = " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
+# ``updated_at`` of an inserted row is the column's default, now(), as an update sets it.
+
 
 @functools.lru_cache(maxsize=16)
 def _upsert_rows(count: int) -> str:
-    """One INSERT ... ON CONFLICT for ``count`` (name, body) pairs."""
-    return (
-        sql.SQL(
-            "INSERT INTO documents (name, body, updated_at) VALUES {rows}"
-            " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
-        )
-        .format(rows=sql.SQL(", ").join([sql.SQL("(%s, %s, now())")] * count))
-        .as_string()
-    )
-
-
-_UPSERT_HEAD = "INSERT INTO documents (name, body, updated_at) VALUES "
-_UPSERT_TAIL = " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
-
-
-@functools.lru_cache(maxsize=256)
-def _numbered_rows(count: int) -> str:
-    """``count`` rows ``($1::text, $2::jsonb, now()), ...`` (PostgreSQL's own placeholders:
-    the batcher sends a merged statement by a raw cursor)."""
-    return ", ".join(f"(${2 * n + 1}::text, ${2 * n + 2}::jsonb, now())" for n in range(count))
+    """One INSERT ... ON CONFLICT for ``count`` (name, body) pairs (psycopg's placeholders)."""
+    return _UPSERT_HEAD + "VALUES " + ", ".join(["(%s, %s)"] * count) + _UPSERT_TAIL
 
 
 def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
@@ -58,7 +44,8 @@ def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
     for statement in statements:
         assert isinstance(statement.params, list)
         params += statement.params
-    return _UPSERT_HEAD + _numbered_rows(len(params) // 2) + _UPSERT_TAIL, params
+    values = numbered_values(("text", "jsonb"), len(params) // 2)
+    return _UPSERT_HEAD + values + _UPSERT_TAIL, params
 
 
 def _split_upserts(

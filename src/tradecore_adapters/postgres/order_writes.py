@@ -4,8 +4,8 @@ transitions of one kind, as ONE statement (``group_commit.Merge``).
 ``PostgresOrderHistory`` (``orders.py``) builds each write as its own statement, which is what
 runs when it is alone in its batch or written again alone; these merges say how a batch's
 writes of one kind are sent together. Each merged statement carries its rows in a ``VALUES``
-list, every value cast to its column's type (``ORDER_COLUMN_TYPES``: the parameters of NULLs
-and of strings carry no type of their own), with PostgreSQL's own placeholders (``$1``...):
+list (``group_commit.numbered_values``), every value cast to its column's type
+(``ORDER_COLUMN_TYPES``), with PostgreSQL's own placeholders (``$1``...):
 the batcher sends a merged statement by a raw cursor, since psycopg would otherwise parse the
 ``%s`` placeholders of a long query in Python on every call (it caches no query over 4 KB or
 50 parameters; about 3 ms for 2,000 placeholders).
@@ -49,7 +49,12 @@ from typing import Any
 
 from psycopg import sql
 
-from tradecore_adapters.postgres.group_commit import Merge, Statement, StatementResult
+from tradecore_adapters.postgres.group_commit import (
+    Merge,
+    Statement,
+    StatementResult,
+    numbered_values,
+)
 
 ORDER_COLUMN_TYPES: Mapping[str, str] = {
     "id": "text",
@@ -83,20 +88,6 @@ ORDER_COLUMN_TYPES: Mapping[str, str] = {
 }
 """Every column of ``order_history`` and its type, as the migrations declare it (a contract
 test compares it with the catalog)."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _values_row(types: tuple[str, ...], index: int) -> str:
-    """Row ``index`` (from 0) of a VALUES list of ``types``: ``($k::type, ...)``."""
-    first = index * len(types) + 1
-    cells = (f"${first + n}::{type_}" for n, type_ in enumerate(types))
-    return f"({', '.join(cells)})"
-
-
-def _values(types: tuple[str, ...], rows: int) -> str:
-    """A VALUES list of ``rows`` rows of ``types``, numbered from ``$1`` row after row (the
-    rows are cached, the list is joined per call: a cached list of 128 adds is 60 KB)."""
-    return "VALUES " + ", ".join(_values_row(types, index) for index in range(rows))
 
 
 def _mapping(statement: Statement) -> Mapping[str, Any]:
@@ -167,7 +158,7 @@ def transition_merge(fields: tuple[str, ...]) -> Merge:
         params: list[Any] = []
         for statement in statements:
             params += _transition_params(statement, fields)
-        return head + _values(types, len(statements)) + tail, params
+        return head + numbered_values(types, len(statements)) + tail, params
 
     return Merge(("order_history:transition", fields), combine, _split_transitions)
 
@@ -205,7 +196,7 @@ def _combine_adds(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
     for statement in statements:
         row = _mapping(statement)
         params += [row[column] for column in _ADD_COLUMNS]
-    return _ADD_HEAD + _values(_ADD_TYPES, len(statements)) + _ADD_TAIL, params
+    return _ADD_HEAD + numbered_values(_ADD_TYPES, len(statements)) + _ADD_TAIL, params
 
 
 def _split_adds(statements: Sequence[Statement], result: StatementResult) -> list[StatementResult]:
