@@ -16,6 +16,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,6 +29,7 @@ __all__ = [
     "create_database",
     "drop_database",
     "fresh_pg_database",
+    "insert_owner",
     "pg_admin_conninfo",
     "pg_conninfo",
     "pg_pool",
@@ -117,3 +119,18 @@ async def pg_pool(pg_conninfo: str) -> AsyncIterator[Pool]:
         yield pool
     finally:
         await pool.close()
+
+
+async def insert_owner(conn: psycopg.AsyncConnection[Any]) -> None:
+    """User ``u1`` and its trading account ``a1``, written by hand: what an order row refers
+    to, for tests that write orders into a database of their own (or one of an older
+    schema) without the repositories."""
+    await conn.execute(
+        "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
+        " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
+    )
+    await conn.execute(
+        "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
+        " webhook_secret_hash, created_at, max_request_age, max_quantity)"
+        " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
+    )

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import psycopg
 import pytest
+from postgres_fixtures import insert_owner
 from test_verify_audit import SECRETS, database_url, run_cli, verify
 
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
@@ -63,15 +64,7 @@ async def db(fresh_pg_database: str) -> AsyncIterator[Db]:
     pool = await open_pool(fresh_pg_database, min_size=2, max_size=4, timeout_s=5.0)
     try:
         async with pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
-                " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
-            )
-            await conn.execute(
-                "INSERT INTO trading_accounts (id, user_id, name, broker_name,"
-                " webhook_token_hash, webhook_secret_hash, created_at, max_request_age,"
-                " max_quantity) VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 10)"
-            )
+            await insert_owner(conn)
         yield Db(fresh_pg_database, pool)
     finally:
         await pool.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from postgres_fixtures import insert_owner
 
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
@@ -99,15 +100,7 @@ async def test_0007_stores_close_orders_without_an_order_type(fresh_pg_database:
         )
         for name, _ in earlier:
             await conn.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (name,))
-        await conn.execute(
-            "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
-            " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
-        )
-        await conn.execute(
-            "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
-            " webhook_secret_hash, created_at, max_request_age, max_quantity)"
-            " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
-        )
+        await insert_owner(conn)
         for order_id, action in (("o1", "close_long"), ("o2", "buy")):
             await conn.execute(
                 "INSERT INTO order_history (id, user_id, trading_account_id, broker_name, symbol,"
@@ -298,15 +291,7 @@ def test_migrate_against_an_unreachable_database_says_so_once() -> None:
 async def _insert_0009_rows(conn: psycopg.AsyncConnection[Any]) -> None:
     """Orders on both sides of a month boundary and in another year, and sealed audit
     entries, written with the 0009 schema."""
-    await conn.execute(
-        "INSERT INTO users (id, email, email_key, password_hash, plan, created_at)"
-        " VALUES ('u1', 'a@example.com', 'a@example.com', 'x', 'pro', now())"
-    )
-    await conn.execute(
-        "INSERT INTO trading_accounts (id, user_id, name, broker_name, webhook_token_hash,"
-        " webhook_secret_hash, created_at, max_request_age, max_quantity)"
-        " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
-    )
+    await insert_owner(conn)
     for order_id, created_at, fingerprint in (
         ("o1", "2025-01-31 23:59:59+00", "fp-1"),
         ("o2", "2025-02-01 00:00:01+00", "fp-2"),
