@@ -24,7 +24,13 @@ from tradecore.errors import IllegalTransition
 from tradecore.orders import OrderStatus
 from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 
-FIRST_CHECK_DELAY_RANGE_S = (2.0, 3.0)
+CHECK_GATHER_S = 0.1
+"""How much later than it fell due a check may run, so that checks falling due close together
+share one round of the verifier (one look at the queue, one read of their rows) instead of
+each waking it: at 50 orders/s that is five checks a round instead of one."""
+FIRST_CHECK_DELAY_RANGE_S = (2.0, 3.0 - CHECK_GATHER_S)
+"""The first check's schedule after placement; with the gathering it runs 2-3 s after
+placement, as the specification says."""
 PENDING_REQUEUE_DELAY_S = 30.0
 # The specification gives no delay for a partial fill's re-queue; we reuse the pending one.
 PARTIAL_REQUEUE_DELAY_S = 30.0

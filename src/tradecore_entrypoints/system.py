@@ -73,10 +73,13 @@ class Stores(Protocol):
 @attrs.frozen
 class FillPolling:
     """How the fill-verifier loop asks for work: each receive waits up to ``wait_s``; after
-    one that brought nothing the loop pauses ``idle_s`` before the next."""
+    one that brought nothing the loop pauses ``idle_s`` before the next; after a round that
+    took fewer checks than it could (no backlog), it pauses ``gather_s`` through the system's
+    sleeper, so the checks falling due meanwhile are taken together in the next round."""
 
     wait_s: float
     idle_s: float
+    gather_s: float = 0.0
 
 
 @attrs.define
@@ -174,6 +177,8 @@ class System:
                     await asyncio.sleep(FILL_RETRY_S)
                 elif not batch.received:
                     await asyncio.sleep(self.fill_polling.idle_s)
+                elif batch.received < FILL_BATCH_LIMIT and self.fill_polling.gather_s > 0:
+                    await self.sleeper.sleep(self.fill_polling.gather_s)
             except asyncio.CancelledError:
                 raise
             except Exception:
