@@ -1,6 +1,7 @@
 """The reply listener of the Redis order queue: one pub/sub connection per queue instance (one
-per API process) carries the notifications of every waiting ``wait_result``, and the reply
-list stays the record a waiter reads, so a lost notification costs time, never a reply."""
+per API process) carries the notifications of every waiting ``wait_result``, each with its
+reply, and the reply list stays the record a waiter reads when it may have missed one, so a
+lost notification costs time, never a reply."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tradecore_adapters.redis import (
     codec,
     open_connections,
 )
-from tradecore_adapters.redis.messaging import processing_key
+from tradecore_adapters.redis.messaging import processing_key, response_key
 
 pytestmark = pytest.mark.redis
 
@@ -130,8 +131,8 @@ async def test_a_killed_listener_reconnects_and_the_waiter_still_gets_its_reply(
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
-    first, second = await _handed_over(queue, directory, ["r1", "r2"])
     others = frozenset(await pubsub_listeners(redis_client, rounds=1))
+    first, second = await _handed_over(queue, directory, ["r1", "r2"])  # starts the listener
     waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
     (listener,) = await pubsub_listeners(redis_client, exclude=others)
     assert await redis_client.client_kill_filter(_id=listener) == 1
@@ -221,6 +222,49 @@ async def test_complete_clears_an_addressed_entry_given_an_unaddressed_copy(
     assert await redis_client.llen(processing_key("u1")) == 0
     async with asyncio.timeout(10):
         assert await waiter == order_result(bare)
+    await queue.aclose()
+
+
+async def test_the_notification_carries_the_reply_so_the_waiter_reads_no_list(
+    redis_connections: RedisConnections, redis_client: Redis
+) -> None:
+    queue = RedisOrderQueue(redis_connections)
+    directory = RedisWorkerDirectory(redis_connections)
+    await _handed_over(queue, directory, ["r0"])  # starts the reply listener
+    await pubsub_listeners(redis_client)
+    first, second = await _handed_over(queue, directory, ["r1", "r2"])
+    # Completed before anyone waits (the push opened the slot), and completed while waiting.
+    await queue.complete(first, order_result(first))
+    waiter = asyncio.create_task(queue.wait_result("r2", LONG_WAIT_S))
+    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    await queue.complete(second, order_result(second))
+    async with asyncio.timeout(10):
+        assert await waiter == order_result(second)
+        assert await queue.wait_result("r1", LONG_WAIT_S) == order_result(first)
+    # Neither waiter read its reply list: both replies are still there until they lapse.
+    for request in (first, second):
+        assert await redis_client.llen(response_key("u1", request.request_id)) == 1
+    assert queue.waiting_replies == 0
+    await queue.aclose()
+
+
+async def test_a_bare_notification_from_an_earlier_release_makes_the_waiter_read_the_list(
+    redis_connections: RedisConnections, redis_client: Redis
+) -> None:
+    queue = RedisOrderQueue(redis_connections)
+    directory = RedisWorkerDirectory(redis_connections)
+    (taken,) = await _handed_over(queue, directory, ["r1"])
+    waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
+    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    await pubsub_listeners(redis_client)
+    await asyncio.sleep(0.05)  # past the waiter's looks at the subscription
+    # An earlier worker wrote the reply and published the request id alone.
+    await redis_client.rpush(response_key("u1", "r1"), codec.encode_result(order_result(taken)))
+    assert taken.reply_to is not None
+    await redis_client.publish(taken.reply_to, "r1")
+    async with asyncio.timeout(10):
+        assert await waiter == order_result(taken)
+    assert await redis_client.llen(response_key("u1", "r1")) == 0  # read from the list
     await queue.aclose()
 
 

@@ -14,7 +14,8 @@ one Redis Cluster slot; the braces are part of the names on a single server too:
 * ``trading:response:{user_id}:{request_id}`` - the reply list, one entry, expiring after
   60 s; in the user's slot because ``complete`` writes it together with the in-flight list;
 * ``trading:replies:{process}`` - a waiting process's reply channel: ``complete`` publishes
-  the request id there (the request's ``reply_to``) in the same script that writes the reply;
+  ``"{request_id} {reply}"`` there (the request's ``reply_to``) in the same script that
+  writes the reply, so the waiter needs no read of the reply list (``replies``);
 * ``worker-control.fifo:{sNN}`` - shard NN of the start-request list (a user's requests go to
   shard ``crc32(user_id) % shards``), and ``worker-control.fifo:{sNN}:pending`` the set that
   deduplicates it while a user's request is pending.
@@ -25,8 +26,9 @@ connection, so a host runs thousands of them on a handful of sockets. Start requ
 their shard on ``worker-control.fifo:wakeups`` the same way, so a worker host waiting for one
 holds no connection either and looks at the shards (starting at a rotating one) only when
 woken. Replies go the same way back: each queue instance (one per API process) listens on its
-own reply channel with one connection, whatever the number of requests waiting, and the reply
-list stays the durable record that a waiter reads. The channels are classic pub/sub: on a
+own reply channel with one connection, whatever the number of requests waiting; the
+notification carries the reply, and the reply list stays the durable record that a waiter
+reads when it may have missed one (``ReplyInbox``). The channels are classic pub/sub: on a
 cluster a PUBLISH, a script's included, reaches the subscribers of every node.
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 from redis.crc import key_slot
@@ -51,6 +53,7 @@ from tradecore_adapters.redis.codec import (
 )
 from tradecore_adapters.redis.errors import unavailable_on_failure
 from tradecore_adapters.redis.keys import shard_of, shard_tag, tagged
+from tradecore_adapters.redis.replies import ReplyInbox
 
 REPLY_TTL_S = 60.0
 """A reply nobody collected is dropped after this long (the API waits at most 30 s)."""
@@ -129,9 +132,10 @@ return 1
 
 # KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload, request
 # id. Replace the reply (a list of one), set its TTL, drop the request from the in-flight list,
-# and publish the request id on the request's reply channel, if it names one. The codec writes
-# reply_to last: an addressed payload is the bare one with ',"reply_to":"..."' before its
-# closing brace (a quote inside a JSON string is escaped, so no other field can end that way).
+# and publish "{request id} {result payload}" on the request's reply channel, if it names
+# one. The codec writes reply_to last: an addressed payload is the bare one with
+# ',"reply_to":"..."' before its closing brace (a quote inside a JSON string is escaped, so no
+# other field can end that way).
 # The in-flight entry is found by its text; failing that (the caller's copy and the entry
 # differ in their address only), by its bare text, with or without an address.
 _COMPLETE = """
@@ -153,7 +157,7 @@ if redis.call('LREM', KEYS[2], 1, ARGV[3]) == 0 then
     end
   end
 end
-if channel then redis.call('PUBLISH', channel, ARGV[4]) end
+if channel then redis.call('PUBLISH', channel, ARGV[4] .. ' ' .. ARGV[1]) end
 return 1
 """
 
@@ -264,27 +268,23 @@ class RedisOrderQueue:
     ``push`` appends only while the user's mark exists, in one script; ``take`` moves the
     oldest request to the in-flight list (LMOVE) and waits for a push through
     ``Wakeups`` without holding a connection; ``complete`` replaces the reply, sets its TTL,
-    drops the request from the in-flight list and publishes the request id on its
-    ``reply_to`` channel in one script (one round trip, atomic); ``wait_result`` watches its
-    request id on the reply channel (``replies``, one connection for every waiter), then
-    pops the reply list once, again at each notification or reconnection of the listener,
-    and once more at its timeout: a lost notification delays a reply to the timeout, never
-    loses it. ``wait_result`` knows only the requests pushed or parked through this instance
+    drops the request from the in-flight list and publishes the request id with the reply on
+    its ``reply_to`` channel in one script (one round trip, atomic); ``wait_result`` takes
+    the reply from that notification (``ReplyInbox``, one connection for every waiter,
+    its slot opened by the push), and reads the reply list only when it may have missed it:
+    a wait for a request not pushed here, each reconnection of the listener, and its timeout.
+    A lost notification delays a reply to the timeout, never loses it; the list lapses after
+    ``REPLY_TTL_S``. ``wait_result`` knows only the requests pushed or parked through this instance
     (as the API process that hands an order over waits for it), for ``REPLY_TTL_S``, or
     given their user; for any other request id it answers None at once. Raises
     KeyValueStoreUnavailable.
     """
 
-    def __init__(
-        self,
-        connections: RedisConnections,
-        wakeups: Wakeups | None = None,
-        replies: Wakeups | None = None,
-    ) -> None:
+    def __init__(self, connections: RedisConnections, wakeups: Wakeups | None = None) -> None:
         self._client = connections.commands
         self._wakeups = wakeups or Wakeups(connections.commands, PUSHED_CHANNEL)
-        self._replies = replies or Wakeups(
-            connections.commands, REPLY_CHANNEL_PREFIX + uuid.uuid4().hex
+        self._replies = ReplyInbox(
+            connections.commands, REPLY_CHANNEL_PREFIX + uuid.uuid4().hex, decode_result
         )
         self._push = self._client.register_script(_PUSH)
         self._park = self._client.register_script(_PARK)
@@ -305,24 +305,50 @@ class RedisOrderQueue:
 
     async def push(self, request: OrderRequest) -> bool:
         user = request.user_id
-        with unavailable_on_failure("push"):
-            pushed = await self._batch.script(
-                self._push,
-                [mark_key(user), requests_key(user)],
-                [encode_request(self._addressed(request)), self._wakeups.channel, user],
-            )
-        if int(pushed):
-            self._remember(request)
-        return bool(int(pushed))
+
+        async def send(payload: str) -> bool:
+            with unavailable_on_failure("push"):
+                pushed = await self._batch.script(
+                    self._push,
+                    [mark_key(user), requests_key(user)],
+                    [payload, self._wakeups.channel, user],
+                )
+            return bool(int(pushed))
+
+        return await self._hand_over(request, send)
 
     async def park(self, request: OrderRequest) -> None:
         user = request.user_id
-        with unavailable_on_failure("park"):
-            await self._park(
-                keys=[requests_key(user)],
-                args=[encode_request(self._addressed(request)), self._wakeups.channel, user],
-            )
-        self._remember(request)
+
+        async def send(payload: str) -> bool:
+            with unavailable_on_failure("park"):
+                await self._park(
+                    keys=[requests_key(user)], args=[payload, self._wakeups.channel, user]
+                )
+            return True
+
+        await self._hand_over(request, send)
+
+    async def _hand_over(
+        self, request: OrderRequest, send: Callable[[str], Awaitable[bool]]
+    ) -> bool:
+        """``send`` the request addressed to this instance (unless it names a waiter
+        already), having opened its reply slot first, so a reply published from then on is
+        kept; whether it was handed over. A request handed over is remembered for
+        ``wait_result``; the slot of one that was not is closed."""
+        addressed = self._addressed(request)
+        ours = addressed.reply_to == self._replies.channel
+        if ours:
+            self._replies.expect(request.request_id)
+        handed_over = False
+        try:
+            handed_over = await send(encode_request(addressed))
+        finally:
+            if handed_over:
+                self._remember(request)
+            elif ours:
+                self._replies.forget(request.request_id)
+        return handed_over
 
     def _remember(self, request: OrderRequest) -> None:
         now = asyncio.get_running_loop().time()
@@ -334,6 +360,7 @@ class RedisOrderQueue:
             if handed_over[oldest][1] > now:
                 break
             del handed_over[oldest]
+            self._replies.forget(oldest)  # its reply was not awaited in time
         handed_over.pop(request.request_id, None)  # re-inserted last: newest
         handed_over[request.request_id] = (request.user_id, now + REPLY_TTL_S)
 
@@ -355,12 +382,12 @@ class RedisOrderQueue:
         async def look() -> OrderResult | None:
             return await self._pop_reply(user_id, request_id)
 
-        return await self._replies.look_until(request_id, look, timeout_s)
+        return await self._replies.wait(request_id, look, timeout_s)
 
     @property
     def waiting_replies(self) -> int:
         """Request ids with a ``wait_result`` in progress in this process."""
-        return self._replies.watched
+        return self._replies.waiting
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
         async def look() -> OrderRequest | None:
