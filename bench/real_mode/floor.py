@@ -6,6 +6,13 @@ uvloop). Postgres and Redis must be up on 127.0.0.1.
 
     .venv/bin/python bench/real_mode/floor.py                  # the default configurations
     .venv/bin/python bench/real_mode/floor.py 4:4 8:8          # REDIS:POSTGRES pairs
+    .venv/bin/python bench/real_mode/floor.py --paced 50,200,1000 0:0
+
+``--paced RATES`` sends the requests on a fixed schedule instead (open loop, ``PACED_S``
+seconds at each rate) and reports the CPU that the server process and the client spent per
+request (the scheduler's run time, ``/proc/PID/schedstat``): on a virtual machine whose idle
+CPUs halt, a process woken from sleep pays for it, so a request costs more CPU the fewer
+arrive per second. It is the floor under the real-mode benchmark's CPU per order at a rate.
 """
 
 from __future__ import annotations
@@ -24,6 +31,13 @@ PORT = 8111
 CONCURRENCY = 16
 DURATION_S = 8.0
 DEFAULT = ["0:0", "4:0", "0:4", "4:4", "8:8"]
+PACED_S = 10.0
+
+
+def run_seconds(pid: int) -> float:
+    """CPU time the scheduler gave the process's main thread (ns precision)."""
+    with open(f"/proc/{pid}/schedstat") as stat:
+        return int(stat.read().split()[0]) / 1e9
 
 
 async def serve(redis_calls: int, pg_calls: int) -> None:
@@ -71,11 +85,54 @@ async def load() -> float:
     return done / DURATION_S
 
 
+async def paced(rate: float, server_pid: int) -> tuple[float, float]:
+    """Server and client CPU per request (us) with ``rate`` requests/s for ``PACED_S`` s."""
+    count = int(rate * PACED_S)
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> None:
+            async with session.post(f"http://127.0.0.1:{PORT}/x", data=b"{}") as reply:
+                await reply.read()
+
+        await one()  # the connection is open before the clock starts
+        server_before, client_before = run_seconds(server_pid), run_seconds(os.getpid())
+        start = time.monotonic()
+        sends = []
+        for index in range(count):
+            await asyncio.sleep(max(0.0, start + index / rate - time.monotonic()))
+            sends.append(asyncio.create_task(one()))
+        await asyncio.gather(*sends)
+        server = run_seconds(server_pid) - server_before
+        client = run_seconds(os.getpid()) - client_before
+    return server / count * 1e6, client / count * 1e6
+
+
 def main() -> None:
     if len(sys.argv) >= 2 and sys.argv[1] == "--serve":
         import uvloop
 
         uvloop.run(serve(int(sys.argv[2]), int(sys.argv[3])))
+        return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--paced":
+        rates = [float(r) for r in sys.argv[2].split(",")]
+        print(
+            "| Redis GETs | Postgres SELECTs | requests/s | server CPU/request (us) | client (us) |"
+        )
+        print("|---|---|---|---|---|")
+        for pair in sys.argv[3:] or ["0:0"]:
+            redis_calls, pg_calls = (int(x) for x in pair.split(":"))
+            server = subprocess.Popen(
+                [sys.executable, __file__, "--serve", str(redis_calls), str(pg_calls)]
+            )
+            try:
+                time.sleep(1.5)
+                for rate in rates:
+                    cpu = asyncio.run(paced(rate, server.pid))
+                    row = (redis_calls, pg_calls, f"{rate:.0f}", f"{cpu[0]:.0f}", f"{cpu[1]:.0f}")
+                    print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
+            finally:
+                server.terminate()
+                server.wait()
         return
     print("| Redis GETs | Postgres SELECTs | requests/s |\n|---|---|---|")
     for pair in sys.argv[1:] or DEFAULT:
