@@ -10,7 +10,9 @@ with the timestamps the order's row records on its way:
 * ``submitted_at``: the worker is about to claim the row (``queued -> submitted``);
 * ``placed_at``: the broker answered the placement;
 
-and prints the median and p90 of each gap:
+and prints the median and p90 of each gap, beside the CPU and the sleeps (voluntary context
+switches) per order of the API, the worker host, Postgres and Redis, and the Redis commands
+per order (the server's, so run it alone):
 
 * send -> created: HTTP, parse, the four webhook checks, the admission script;
 * created -> submitted: the intent and audit commit, the hand-over to the worker host, its
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -45,11 +48,12 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import accounts_from, prime, session
-from stack import Stack, cpu_seconds, machine_busy_seconds
+from stack import REDIS_URL, Stack, cpu_seconds, machine_busy_seconds
 
 GAPS = (
     ("send -> created", "sent", "created_at"),
@@ -87,6 +91,8 @@ async def _orders(
             timings.append({"id": payload["order_id"], "sent": sent, "answered": answered})
 
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        groups_before = process_groups(pids)
+        commands_before = redis_commands()
         busy_before = machine_busy_seconds()
         start = time.monotonic()
         sends = []
@@ -98,7 +104,68 @@ async def _orders(
         cpu["machine"] = machine_busy_seconds() - busy_before
         per_order = {f"{name}_ms": round(1000 * s / orders, 3) for name, s in cpu.items()}
         print(json.dumps({"cpu_per_order": per_order}))
+        groups = process_groups(pids)
+        print(
+            json.dumps(
+                {
+                    f"{name}_per_order": {
+                        g: round((groups[g][i] - groups_before[g][i]) * scale / orders, 3)
+                        for g in groups
+                    }
+                    for i, name, scale in ((0, "cpu_ms", 1000), (1, "sleeps", 1))
+                }
+            )
+        )
+        commands = redis_commands()
+        calls = {k: (v - commands_before.get(k, 0)) / orders for k, v in commands.items()}
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
+        print(json.dumps({"redis_commands_per_order": {k: round(v, 2) for k, v in top}}))
     return timings
+
+
+def _thread_stats(pid: int) -> tuple[float, int]:
+    """CPU seconds the scheduler gave every thread of ``pid`` (``schedstat``, nanoseconds)
+    and their voluntary context switches (each one a sleep, so a later wake-up)."""
+    run_ns, sleeps = 0, 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            run_ns += int((task / "schedstat").read_text().split()[0])
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    sleeps += int(line.split()[1])
+    return run_ns / 1e9, sleeps
+
+
+def process_groups(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
+    """CPU seconds and sleeps so far of the API and worker processes (by name) and of all
+    of this machine's Postgres and Redis server processes (summed; the processes that ended
+    meanwhile, such as a closed connection's backend, are missed)."""
+    groups: dict[str, tuple[float, int]] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            groups[name] = _thread_stats(pid)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            command = (proc / "comm").read_text().strip()
+            group = "postgres" if command.startswith("postgres") else None
+            group = "redis" if command.startswith("redis-server") else group
+            if group is not None:
+                cpu, sleeps = _thread_stats(int(proc.name))
+                before = groups.get(group, (0.0, 0))
+                groups[group] = (before[0] + cpu, before[1] + sleeps)
+    return groups
+
+
+def redis_commands() -> dict[str, int]:
+    """Calls of each Redis command so far on the benchmark's server (``INFO commandstats``)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
 def idle_round_trip_us(rate: float, samples: int) -> float:
