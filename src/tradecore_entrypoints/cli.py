@@ -248,6 +248,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         serving_metrics(metrics, system, settings, worker_host=True),
     ):
         log.warning("tradecore worker host %s running", system.host.holder)
+        settle_heap()
         await stop.wait()
 
 

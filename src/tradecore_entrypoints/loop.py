@@ -33,10 +33,13 @@ def run_fast(main: Coroutine[Any, Any, T]) -> T:
 
 
 def settle_heap() -> None:
-    """Tune the garbage collector once startup is done (``serve``, and the benchmark server
-    that stands in for it): the objects made so far live for the whole process, so they are
-    collected once and frozen out of every later collection, and young objects are collected
-    less often (the collector causes most latency outliers of the embedded runtime)."""
+    """Tune the garbage collector once startup is done (``serve``, ``worker``, and the
+    benchmark server that stands in for ``serve``): the objects made so far live for the whole
+    process, so they are collected once and frozen out of every later collection, and young
+    objects are collected less often (the collector causes most latency outliers of the
+    embedded runtime; in a worker host, whose per-user workers and paper books pile up in the
+    oldest generation, the default thresholds cost a fifth of its CPU per order in the closed
+    loop: docs/performance.md)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
