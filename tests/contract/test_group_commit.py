@@ -393,6 +393,45 @@ async def test_a_batch_of_one_kind_is_one_statement_and_each_caller_gets_its_own
 
 
 @pytest.mark.postgres
+async def test_a_batch_of_several_statements_commits_once_or_not_at_all(pg_pool: Pool) -> None:
+    """Unmerged statements of one batch go in one pipeline without BEGIN and COMMIT: the
+    pipeline's implicit transaction holds them all (one transaction id), and a statement that
+    fails takes the others' writes back with it before the batch is written again one
+    statement at a time (each written once)."""
+    batcher = shared_batcher(pg_pool)
+
+    def insert(order_id: str, *, fail: bool = False) -> Statement:
+        # ``1 / 0`` fails at run time, after the statements before it in the batch ran
+        check = "1 / 0" if fail else "1"
+        return Statement(
+            "INSERT INTO order_keys (id, user_id, created_at)"
+            f" SELECT %s, 'u', now() WHERE {check} = 1 RETURNING id",
+            [order_id],
+            ("order_keys", order_id),
+        )
+
+    await asyncio.gather(*(batcher.run(insert(i)) for i in ("a-1", "a-2", "a-3")))
+    keys = await _keys(pg_pool)
+    assert set(keys) == {"a-1", "a-2", "a-3"}
+    assert len(set(keys.values())) == 1, "one transaction for the batch"
+
+    results = await asyncio.gather(
+        batcher.run(insert("b-1")),
+        batcher.run(insert("b-2", fail=True)),  # sorts between the two others
+        batcher.run(insert("b-3")),
+        return_exceptions=True,
+    )
+    assert [type(r).__name__ for r in results] == [
+        "StatementResult",
+        "DivisionByZero",
+        "StatementResult",
+    ]
+    keys = await _keys(pg_pool)
+    assert set(keys) == {"a-1", "a-2", "a-3", "b-1", "b-3"}
+    assert keys["b-1"] != keys["b-3"], "written again one statement at a time"
+
+
+@pytest.mark.postgres
 async def test_a_merged_statement_the_database_refuses_is_written_again_one_at_a_time(
     pg_pool: Pool,
 ) -> None:
