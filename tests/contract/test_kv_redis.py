@@ -449,28 +449,23 @@ async def test_take_is_woken_again_after_the_listener_reconnects(
     redis_connections: RedisConnections,
 ) -> None:
     client = redis_connections.commands
-    api = RedisOrderQueue(redis_connections)  # pushes; listens for its replies from then on
-    queue = RedisOrderQueue(redis_connections)  # takes, as a worker host
+    queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
     assert await directory.acquire("u1", "h1", 30) is not None
-    assert await api.push(order_request("r0"))
-    assert await queue.take("u1", 0) == order_request("r0")  # one look, no listener
-    # the API's reply listener, and those of other test runs on this database, are not ours
-    # to count or kill
+    # listeners of other test runs on this database are not ours to count or kill
     others = set(await pubsub_listeners(client, rounds=1))
     # Below the take's own re-check interval: only a wake-up can deliver within it.
     first = asyncio.create_task(queue.take("u1", 3))
     (listener,) = await pubsub_listeners(client, exclude=others)
     assert await client.client_kill_filter(_id=listener) == 1
-    assert await api.push(order_request("r1"))
+    assert await queue.push(order_request("r1"))
     assert await first == order_request("r1")
     assert len(await pubsub_listeners(client, exclude=others | {listener})) == 1
     second = asyncio.create_task(queue.take("u1", 3))
     await asyncio.sleep(0.01)
-    assert await api.push(order_request("r2"))
+    assert await queue.push(order_request("r2"))
     assert await second == order_request("r2")
     await queue.aclose()
-    await api.aclose()
 
 
 def test_decimals_keep_their_digits_and_exponent() -> None:

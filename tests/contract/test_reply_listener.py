@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis_fixtures import order_request, order_result, pubsub_listeners
 
 from tradecore.errors import KeyValueStoreUnavailable
-from tradecore.orders import OrderRequest
+from tradecore.orders import OrderRequest, OrderResult
 from tradecore_adapters.redis import (
     RedisConnections,
     RedisOrderQueue,
@@ -51,6 +51,16 @@ async def _until(condition: object, what: str) -> None:
             return
         await asyncio.sleep(_ROUND_S)
     raise AssertionError(f"never happened: {what}")
+
+
+async def _waiter(
+    queue: RedisOrderQueue, request_id: str, timeout_s: float = LONG_WAIT_S
+) -> asyncio.Task[OrderResult | None]:
+    """``queue.wait_result`` for ``request_id`` in a task, once it is registered."""
+    before = queue.waiting_replies
+    waiter = asyncio.create_task(queue.wait_result(request_id, timeout_s))
+    await _until(lambda: queue.waiting_replies == before + 1, f"the waiter of {request_id}")
+    return waiter
 
 
 async def _database_clients(client: Redis) -> int:
@@ -116,8 +126,7 @@ async def test_a_lost_notification_still_delivers_the_reply_at_the_timeout(
     # Announced on a channel nobody hears: the waiter learns nothing before its timeout.
     request = attrs.evolve(order_request("r1"), reply_to="trading:replies:nobody")
     await queue.park(request)
-    waiter = asyncio.create_task(queue.wait_result("r1", 1.0))
-    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    waiter = await _waiter(queue, "r1", 1.0)
     assert await pubsub_listeners(redis_client)
     await asyncio.sleep(0.05)  # past the waiter's first look and the subscription's wake-up
     await queue.complete(request, order_result(request))
@@ -132,7 +141,7 @@ async def test_a_killed_listener_reconnects_and_the_waiter_still_gets_its_reply(
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
     others = frozenset(await pubsub_listeners(redis_client, rounds=1))
-    first, second = await _handed_over(queue, directory, ["r1", "r2"])  # starts the listener
+    first, second = await _handed_over(queue, directory, ["r1", "r2"])
     waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
     (listener,) = await pubsub_listeners(redis_client, exclude=others)
     assert await redis_client.client_kill_filter(_id=listener) == 1
@@ -142,8 +151,7 @@ async def test_a_killed_listener_reconnects_and_the_waiter_still_gets_its_reply(
         assert await waiter == order_result(first)
 
     assert len(await pubsub_listeners(redis_client, exclude=others | {listener})) == 1
-    waiter = asyncio.create_task(queue.wait_result("r2", LONG_WAIT_S))
-    await _until(lambda: queue.waiting_replies == 1, "the second waiter registered")
+    waiter = await _waiter(queue, "r2")
     await queue.complete(second, order_result(second))
     async with asyncio.timeout(10):
         assert await waiter == order_result(second)
@@ -162,8 +170,7 @@ async def test_no_waiter_is_left_behind_after_timeouts_cancellations_and_outages
     assert timed_out == [None] * 20
     assert queue.waiting_replies == 0
 
-    cancelled = asyncio.create_task(queue.wait_result("c1", LONG_WAIT_S))
-    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    cancelled = await _waiter(queue, "c1")
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
@@ -216,8 +223,7 @@ async def test_complete_clears_an_addressed_entry_given_an_unaddressed_copy(
     (taken,) = await _handed_over(queue, directory, ["r1"])
     bare = order_request("r1")
     assert taken.reply_to is not None and bare.reply_to is None and taken == bare
-    waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
-    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    waiter = await _waiter(queue, "r1")
     await queue.complete(bare, order_result(bare))
     assert await redis_client.llen(processing_key("u1")) == 0
     async with asyncio.timeout(10):
@@ -230,13 +236,14 @@ async def test_the_notification_carries_the_reply_so_the_waiter_reads_no_list(
 ) -> None:
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
-    await _handed_over(queue, directory, ["r0"])  # starts the reply listener
-    await pubsub_listeners(redis_client)
+    (earliest,) = await _handed_over(queue, directory, ["r0"])
+    await queue.complete(earliest, order_result(earliest))
+    assert await queue.wait_result("r0", LONG_WAIT_S) == order_result(earliest)  # listens
+    await _until(lambda: queue.replies_subscribed, "the reply listener subscribed")
     first, second = await _handed_over(queue, directory, ["r1", "r2"])
     # Completed before anyone waits (the push opened the slot), and completed while waiting.
     await queue.complete(first, order_result(first))
-    waiter = asyncio.create_task(queue.wait_result("r2", LONG_WAIT_S))
-    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
+    waiter = await _waiter(queue, "r2")
     await queue.complete(second, order_result(second))
     async with asyncio.timeout(10):
         assert await waiter == order_result(second)
@@ -254,10 +261,9 @@ async def test_a_bare_notification_from_an_earlier_release_makes_the_waiter_read
     queue = RedisOrderQueue(redis_connections)
     directory = RedisWorkerDirectory(redis_connections)
     (taken,) = await _handed_over(queue, directory, ["r1"])
-    waiter = asyncio.create_task(queue.wait_result("r1", LONG_WAIT_S))
-    await _until(lambda: queue.waiting_replies == 1, "the waiter registered")
-    await pubsub_listeners(redis_client)
-    await asyncio.sleep(0.05)  # past the waiter's looks at the subscription
+    waiter = await _waiter(queue, "r1")
+    await _until(lambda: queue.replies_subscribed, "the reply listener subscribed")
+    await asyncio.sleep(0.05)  # past the waiter's look at the subscription
     # An earlier worker wrote the reply and published the request id alone.
     await redis_client.rpush(response_key("u1", "r1"), codec.encode_result(order_result(taken)))
     assert taken.reply_to is not None

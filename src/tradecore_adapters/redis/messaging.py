@@ -271,8 +271,9 @@ class RedisOrderQueue:
     drops the request from the in-flight list and publishes the request id with the reply on
     its ``reply_to`` channel in one script (one round trip, atomic); ``wait_result`` takes
     the reply from that notification (``ReplyInbox``, one connection for every waiter,
-    its slot opened by the push), and reads the reply list only when it may have missed it:
-    a wait for a request not pushed here, each reconnection of the listener, and its timeout.
+    its slot opened by the push while the listener is subscribed), and reads the reply list
+    only when it may have missed it: a request pushed before the subscription or not pushed
+    here, each reconnection of the listener, and its timeout.
     A lost notification delays a reply to the timeout, never loses it; the list lapses after
     ``REPLY_TTL_S``. ``wait_result`` knows only the requests pushed or parked through this instance
     (as the API process that hands an order over waits for it), for ``REPLY_TTL_S``, or
@@ -333,9 +334,9 @@ class RedisOrderQueue:
         self, request: OrderRequest, send: Callable[[str], Awaitable[bool]]
     ) -> bool:
         """``send`` the request addressed to this instance (unless it names a waiter
-        already), having opened its reply slot first, so a reply published from then on is
-        kept; whether it was handed over. A request handed over is remembered for
-        ``wait_result``; the slot of one that was not is closed."""
+        already), having opened its reply slot first (``ReplyInbox.expect``), so a reply
+        published from then on is kept; whether it was handed over. A request handed over is
+        remembered for ``wait_result``; the slot of one that was not is closed."""
         addressed = self._addressed(request)
         ours = addressed.reply_to == self._replies.channel
         if ours:
@@ -383,6 +384,13 @@ class RedisOrderQueue:
             return await self._pop_reply(user_id, request_id)
 
         return await self._replies.wait(request_id, look, timeout_s)
+
+    @property
+    def replies_subscribed(self) -> bool:
+        """Whether this instance's reply listener is subscribed now (started by the first
+        ``wait_result``): a request pushed from then on gets its reply from the notification,
+        without a read of the reply list."""
+        return self._replies.subscribed
 
     @property
     def waiting_replies(self) -> int:

@@ -9,8 +9,9 @@ case costs no read of the list at all.
 The list is still what makes a reply certain, since pub/sub delivery is best effort. A waiter
 reads it (``look``):
 
-1. first, unless its slot was opened (``expect``) while the listener was subscribed and
-   before the request was handed over, so that any reply published since reaches the slot;
+1. first, unless its slot was opened (``expect``) before the request was handed over, which
+   ``expect`` does only while the listener is subscribed, so any reply published since
+   reaches the slot;
 2. whenever the listener (re)subscribes or is interrupted: what was published meanwhile is
    unseen (the same rule as ``Wakeups``);
 3. after a notification without a reply (a bare request id: a worker of an earlier release);
@@ -38,7 +39,7 @@ T = TypeVar("T")
 @attrs.define(eq=False)
 class _Slot:
     """One awaited reply: ``reply`` once a notification carried it; ``look`` while the list
-    must be read before waiting (any notification may have been missed)."""
+    must be read before waiting (a notification may have been missed)."""
 
     look: bool
     event: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -66,12 +67,19 @@ class ReplyInbox(Generic[T]):
         """Replies being waited for now."""
         return sum(1 for slot in self._slots.values() if slot.waiting)
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether the listener is subscribed now: a reply published from now on reaches it."""
+        return self._subscribed
+
     def expect(self, name: str) -> None:
-        """Open the slot of ``name`` before its request is handed over: a reply published
-        from then on while the listener is subscribed is kept for ``wait``."""
-        self._listen()
-        if name not in self._slots:
-            self._slots[name] = _Slot(look=not self._subscribed)
+        """Open the slot of ``name`` before its request is handed over, while the listener is
+        subscribed, so a reply published from then on is kept for ``wait``. Otherwise nothing:
+        the listener starts with the first ``wait``, which reads the list first anyway (a
+        process that hands requests over without waiting, such as a worker host's recovery
+        of lost intents, holds no listener and no slots)."""
+        if self._subscribed and name not in self._slots:
+            self._slots[name] = _Slot(look=False)
 
     def forget(self, name: str) -> None:
         """Drop the slot of ``name`` unless a ``wait`` holds it (its request was not handed
