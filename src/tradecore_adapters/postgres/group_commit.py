@@ -405,13 +405,9 @@ async def _atomically(conn: psycopg.AsyncConnection[Any], statements: int) -> As
     statement rolls back the ones before it and skips the rest, as a transaction block would.
     That spares two statements and their messages per batch (client CPU per write of a batch
     of several statements, ``bench/merged_writes.py`` "single" mode at 8 writers: 15-30%
-    less). A connection not in autocommit (none of the pool's) gets the explicit block."""
+    less). Both rest on the pool's connections being in autocommit (``pool.py``)."""
     if statements == 1:
         yield
-        return
-    if not conn.autocommit:
-        async with conn.pipeline(), conn.transaction():
-            yield
         return
     async with conn.pipeline():
         yield

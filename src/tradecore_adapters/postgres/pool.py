@@ -1,8 +1,9 @@
 """The connection pool every Postgres adapter shares.
 
 Connections run in autocommit mode: a single statement commits on its own, and an adapter that
-needs several statements to be atomic opens ``conn.transaction()``. Every session uses UTC and
-a statement timeout, so no query can hang a request past its budget.
+needs several statements to be atomic opens ``conn.transaction()`` (the group commit sends
+them in one pipeline instead, whose one Sync ends one implicit transaction). Every session
+uses UTC and a statement timeout, so no query can hang a request past its budget.
 """
 
 from __future__ import annotations
