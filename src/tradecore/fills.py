@@ -105,6 +105,7 @@ _ORDER_STATUS: dict[FillState, OrderStatus] = {
 
 UNKNOWN_ORDER = "unknown order"
 UNREACHABLE = "broker unreachable"
+UNSETTLED = "placement result not recorded yet"
 
 
 def _check_count(receive_count: int) -> None:
@@ -200,6 +201,30 @@ def decide_unreachable(state: FillState, receive_count: int) -> FillDecision:
     waiting = FillState.PENDING if state is FillState.VERIFICATION_QUEUED else state
     return FillDecision(
         waiting, None, PENDING_REQUEUE_DELAY_S, dead_letter=False, reason=UNREACHABLE
+    )
+
+
+def decide_unsettled(receive_count: int) -> FillDecision:
+    """The decision for a check that found the order's placement result not yet recorded (its
+    row still ``queued`` or ``submitted``, naming no broker order).
+
+    The worker sends the first check while the placement's result commits, so a check can only
+    get there first when a crash or an outage came between the two and the row waits for the
+    worker's retry or its successor (within a lease's lifetime). Nothing is asked of the broker
+    (the row does not yet say which order to ask about) and nothing is written; the check is
+    re-queued like a pending one and, at the last allowed delivery, dead-lettered, so a row
+    whose result never comes is in front of operators. Once the row is settled, a later
+    delivery resumes from its status as any re-queued check does.
+    """
+    _check_count(receive_count)
+    if receive_count >= MAX_DELIVERIES:
+        return _dead_letter(f"{UNSETTLED} after {MAX_RETRIES} retries")
+    return FillDecision(
+        FillState.VERIFICATION_QUEUED,
+        None,
+        PENDING_REQUEUE_DELAY_S,
+        dead_letter=False,
+        reason=UNSETTLED,
     )
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import attrs
 import pytest
 
-from tradecore.order_lifecycle import OrderChange
+from tradecore.fills import FillState
+from tradecore.order_lifecycle import Executed, OrderChange
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -99,7 +101,7 @@ async def test_a_check_that_confirms_the_recorded_fill_writes_nothing() -> None:
 @pytest.mark.parametrize(
     ("status", "filled", "observed", "expected"),
     [
-        (OrderStatus.SUBMITTED, Decimal(0), BrokerOrderStatus.FILLED, OrderStatus.FILLED),
+        (OrderStatus.PARTIALLY_FILLED, Decimal(1), BrokerOrderStatus.FILLED, OrderStatus.FILLED),
         (OrderStatus.PENDING, Decimal(0), BrokerOrderStatus.FILLED, OrderStatus.FILLED),
         (OrderStatus.PENDING, Decimal(0), BrokerOrderStatus.PARTIALLY_FILLED, None),
     ],
@@ -117,3 +119,84 @@ async def test_a_check_that_learns_something_writes_it(
     assert after is not None and after.fill_quantity == seen
     if expected is not None:
         assert after.status is expected
+
+
+async def test_a_check_that_comes_before_the_placement_result_asks_nothing_and_looks_again() -> (
+    None
+):
+    """The worker sends the first check while the result commits; after a crash between the
+    two, the check can find the row still ``submitted``: it neither asks the broker (the row
+    does not name the order yet) nor writes, and looks again once the row is settled."""
+    clock = FakeClock(PLACED)
+    history, tasks = CountingHistory(), MemoryFillTaskQueue(clock)
+    settled = placed_row(OrderStatus.PENDING, Decimal(0))
+    submitted = attrs.evolve(
+        settled, status=OrderStatus.SUBMITTED, client_order_id=None, order_id=None
+    )
+    await history.add(submitted)
+    asked: list[str] = []
+
+    async def check(row: OrderHistoryRecord) -> BrokerOrder | None:
+        asked.append(row.id)
+        return broker_view(BrokerOrderStatus.FILLED, Decimal(2))
+
+    verifier = FillVerifier(tasks, history, check, clock)
+    await tasks.send(FillTask(settled.id, settled.user_id, settled.trading_account_id), 0)
+    clock.advance(3)
+
+    early = await verifier.run_once(0)
+    assert early is not None and early.reason == "placement result not recorded yet"
+    assert asked == [] and history.transitions == []
+    assert await tasks.pending_count() == 1  # re-queued, not dropped
+    assert await verifier.run_once(0) is None  # not before the pending delay
+
+    placement = Executed(  # the worker's retry records the placement: pending at the broker
+        status=OrderStatus.PENDING,
+        order_id="paper-1",
+        client_order_id="ord-1-entry",
+        broker_refs=("paper-1",),
+        fill_price=None,
+        fill_quantity=Decimal(0),
+        filled_at=None,
+        auto_exit=False,
+        exit_quantity=Decimal(0),
+        exit_order_result=None,
+        error=None,
+        placed_at=PLACED,
+    )
+    assert await history.transition(settled.id, placement) is not None
+    history.transitions.clear()
+    clock.advance(30)
+    resumed = await verifier.run_once(0)
+    assert resumed is not None and resumed.state is FillState.FILLED
+    assert asked == [settled.id]
+    after = await history.get(settled.id)
+    assert after is not None and after.status is OrderStatus.FILLED
+    assert await tasks.pending_count() == 0
+
+
+async def test_a_placement_result_that_never_comes_is_dead_lettered_at_the_fourth_delivery() -> (
+    None
+):
+    clock = FakeClock(PLACED)
+    history, tasks = CountingHistory(), MemoryFillTaskQueue(clock)
+    row = attrs.evolve(
+        placed_row(OrderStatus.PENDING, Decimal(0)),
+        status=OrderStatus.SUBMITTED,
+        client_order_id=None,
+        order_id=None,
+    )
+    await history.add(row)
+
+    async def check(_: OrderHistoryRecord) -> BrokerOrder | None:
+        raise AssertionError("the broker is not asked about an order the row does not name")
+
+    verifier = FillVerifier(tasks, history, check, clock)
+    await tasks.send(FillTask(row.id, row.user_id, row.trading_account_id), 0)
+    decisions = []
+    for _ in range(4):
+        clock.advance(30)
+        decisions.append(await verifier.run_once(0))
+    assert [d.dead_letter for d in decisions if d is not None] == [False, False, False, True]
+    assert [task.order_id for task, _ in await tasks.dead_letters()] == [row.id]
+    assert history.transitions == []

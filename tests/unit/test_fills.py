@@ -8,7 +8,14 @@ import pytest
 
 from tradecore import fills
 from tradecore.errors import IllegalTransition
-from tradecore.fills import FillDecision, FillState, decide, decide_unreachable, next_state
+from tradecore.fills import (
+    FillDecision,
+    FillState,
+    decide,
+    decide_unreachable,
+    decide_unsettled,
+    next_state,
+)
 from tradecore.orders import OrderError, OrderStatus, RejectionCode, Side
 from tradecore.ports.broker import BrokerOrder, BrokerOrderStatus
 
@@ -190,6 +197,18 @@ def test_an_unreachable_broker_counts_as_pending_and_keeps_the_status() -> None:
     assert last.dead_letter
     assert last.state is FillState.DEAD_LETTER
     assert last.reason == "broker unreachable after 3 retries"
+
+
+def test_a_check_before_the_placement_result_writes_nothing_and_looks_again() -> None:
+    for count in (1, 2, 3):
+        early = decide_unsettled(count)
+        assert early.order_status is None  # nothing learned, nothing written
+        assert early.requeue_after_s == 30.0
+        assert not early.dead_letter
+    last = decide_unsettled(4)  # a result that never comes ends in front of operators
+    assert last.dead_letter
+    assert last.state is FillState.DEAD_LETTER
+    assert last.reason == "placement result not recorded yet after 3 retries"
 
 
 # --- Illegal transitions ---------------------------------------------------------------------

@@ -173,7 +173,7 @@ class World:
         self.brokers = RecordingBrokers(
             PersistentPaperBrokerFactory(self.exchange, PaperExchange(), self.documents, self.clock)
         )
-        fill_tasks = MemoryFillTaskQueue(self.clock)
+        self.fill_tasks = fill_tasks = MemoryFillTaskQueue(self.clock)
         worker_sleeper = FakeSleeper(self.clock)
 
         def make_worker(user_id: str) -> UserWorker:
@@ -268,6 +268,33 @@ async def test_an_outage_after_the_placement_is_waited_out_and_the_order_complet
     [warning] = warnings_of(caplog)
     assert "ord-1" in warning and "retrying" in warning
     assert any("after 8 retries" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_fill_check_sent_beside_a_result_that_could_not_be_written_is_the_only_one(
+    world: World,
+) -> None:
+    """The first fill check goes out while the result commits; the retries of a result the
+    store refused send it again, and the queue keeps one check for the order."""
+    await world.serve()
+    request = await world.order("ord-1")
+    world.orders.outcomes.remaining = 3
+    checks_while_refused: list[int] = []
+
+    async def count_checks(_: int) -> None:
+        await asyncio.sleep(0)  # the send runs beside the refused write
+        checks_while_refused.append(await world.fill_tasks.pending_count())
+
+    world.orders.outcomes.on_failure = count_checks
+
+    result = await world.submit(request)
+
+    assert result is not None and result.status is OrderStatus.FILLED
+    assert checks_while_refused == [1, 1, 1]
+    assert await world.fill_tasks.pending_count() == 1
+    world.clock.advance(3)
+    delivery = await world.fill_tasks.receive(0)
+    assert delivery is not None and delivery.task.order_id == "ord-1"
+    assert delivery.receive_count == 1
 
 
 async def test_the_request_stays_in_flight_and_unanswered_while_the_store_is_down(

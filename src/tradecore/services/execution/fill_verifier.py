@@ -36,6 +36,15 @@ log = logging.getLogger(__name__)
 
 StatusCheck = Callable[[OrderHistoryRecord], Awaitable[BrokerOrder | None]]
 
+_UNSETTLED = frozenset({OrderStatus.QUEUED, OrderStatus.SUBMITTED})
+
+
+def _unsettled(row: OrderHistoryRecord) -> bool:
+    """The row's placement result is not recorded yet (``fills.decide_unsettled``): it is
+    not settled and names no broker order to ask about."""
+    return row.status in _UNSETTLED and row.client_order_id is None
+
+
 _RESUMED_STATES = {
     OrderStatus.PENDING: FillState.PENDING,
     OrderStatus.PARTIALLY_FILLED: FillState.PARTIALLY_FILLED,
@@ -143,6 +152,11 @@ class FillVerifier:
     ) -> FillDecision | None:
         """Check the order of ``delivery``, whose row (None: none) was just read, and settle
         the message."""
+        if row is not None and _unsettled(row):
+            decision = fills.decide_unsettled(delivery.receive_count)
+            log.info("order %s: fill check %d: %s", row.id, delivery.receive_count, decision.reason)
+            await self._settle(row, delivery, decision)
+            return decision
         state = self._state(row, delivery)
         if row is None or state is None:
             await self._tasks.ack(delivery)
@@ -157,6 +171,13 @@ class FillVerifier:
         log.info(
             "order %s: fill check %d: %s", row.id, delivery.receive_count, decision.state.value
         )
+        await self._settle(row, delivery, decision)
+        return decision
+
+    async def _settle(
+        self, row: OrderHistoryRecord, delivery: FillDelivery, decision: FillDecision
+    ) -> None:
+        """Apply ``decision`` to the message: dead letter, re-queue or delete."""
         if decision.dead_letter:
             log.error("order %s: fill verification dead-lettered (%s)", row.id, decision.reason)
             await self._tasks.dead_letter(delivery, decision.reason or "retries exhausted")
@@ -166,7 +187,6 @@ class FillVerifier:
             if decision.reason:
                 log.info("order %s: %s", row.id, decision.reason)
             await self._tasks.ack(delivery)
-        return decision
 
     @staticmethod
     def _state(row: OrderHistoryRecord | None, delivery: FillDelivery) -> FillState | None:

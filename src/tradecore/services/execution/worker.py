@@ -18,10 +18,13 @@ Execution of a request is crash-safe and idempotent:
    call won the claim (promptly: ``FRESH_CLAIM_S``), on its first attempt, are the steps sent
    as ``fresh``: the broker may skip looking for earlier placements, since placing only
    follows a claim and one claim wins.
-4. The outcome is written with ``submitted -> <status>``, and a fill check is scheduled on
-   order-tasks 2-3 s later whenever a broker order was placed. ``execute`` returns only once
-   that task was sent (it raises ``StoreUnavailable`` otherwise), so the worker host completes
-   the request only after it. A row found settled (a retry after the outcome write committed
+4. The outcome is written with ``submitted -> <status>``, and whenever a broker order was
+   placed a fill check is scheduled on order-tasks 2-3 s later, sent while the outcome
+   commits (one round trip off the answer's path). ``execute`` returns only once both are
+   done (it raises ``StoreUnavailable`` otherwise), so the worker host completes the request
+   only after them. A check that gets there before the outcome (a crash or an outage between
+   the two) finds the row still ``submitted``, asks nothing and looks again later
+   (``fills.decide_unsettled``). A row found settled (a retry after the outcome write committed
    but its answer was lost, a recovery after a crash right after that write, a duplicate
    delivery) gets its fill check scheduled again when it has broker orders: the call that
    settled it may have ended before scheduling it. A duplicate check is harmless: the fill
@@ -70,6 +73,7 @@ from tradecore.ports.broker import Broker, BrokerAccountSource, BrokerFactory, B
 from tradecore.ports.messaging import FillTask, FillTaskQueue
 from tradecore.ports.repositories import AuditLog, OrderHistory
 from tradecore.ports.runtime import Clock, Sleeper
+from tradecore.services.alongside import alongside
 from tradecore.services.execution.broker_sessions import BrokerSessions, Route
 
 log = logging.getLogger(__name__)
@@ -266,11 +270,15 @@ class UserWorker:
             error=outcome.error,
             placed_at=now if outcome.broker_refs else None,
         )
-        updated = await self._orders.transition(row.id, executed)
+        if outcome.broker_refs and outcome.main_client_order_id is not None:
+            # placed: the fill check goes out while the result commits (module doc, 4)
+            updated = await alongside(
+                self._orders.transition(row.id, executed), self._schedule_fill_check(row)
+            )
+        else:
+            updated = await self._orders.transition(row.id, executed)
         if updated is None:
             return await self._current(row)
-        if _placed(updated):
-            await self._schedule_fill_check(updated)
         return updated.to_result()
 
     async def _settled(self, row: OrderHistoryRecord) -> OrderResult:

@@ -21,7 +21,6 @@ the order is on its way and the caller gets 202 instead of a 5xx, so a retry nev
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -46,6 +45,7 @@ from tradecore.orders import (
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
 from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import RandomSource
+from tradecore.services.alongside import alongside
 from tradecore.services.orders.outcomes import Accepted, Queued
 from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Rejected
@@ -80,25 +80,6 @@ class Dispatched:
     @property
     def durable(self) -> bool:
         return not isinstance(self.outcome, Rejected)
-
-
-async def _alongside(reply: Awaitable[Dispatched], side: Awaitable[object]) -> Dispatched:
-    """Await both concurrently and return the reply once both are done; the side's exception
-    first, then the reply's, is raised after both are done. Cancelled, it cancels the side.
-
-    The side runs as one task and the reply in the caller's own, which costs one task where
-    ``asyncio.gather`` would wrap both."""
-    side_task = asyncio.ensure_future(side)
-    try:
-        got = await reply
-    except asyncio.CancelledError:
-        side_task.cancel()
-        raise
-    except BaseException:
-        await side_task  # its exception, if any, is raised first (the reply's is its context)
-        raise
-    await side_task
-    return got
 
 
 class Duplicate(Exception):
@@ -186,7 +167,7 @@ class OrderDispatcher:
         reply = self._reply(order_id, request_id, wait_s - start_wait_s)
         if on_committed is None:
             return await reply
-        return await _alongside(reply, on_committed(order_id))
+        return await alongside(reply, on_committed(order_id))
 
     async def _reply(self, order_id: str, request_id: str, wait_s: float) -> Dispatched:
         """Step 3: the handed-over order's outcome, Accepted or Queued."""
