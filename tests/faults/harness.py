@@ -546,9 +546,11 @@ class Stack:
         await eventually(ready, f"{process.name} to be ready", diagnose=self.logs)
         return api
 
-    async def worker(self, **extra_env: str) -> Process:
-        """Start ``tradecore worker``; return once it reports it is running."""
-        process = await self._spawn(f"worker-{len(self.processes)}", ["worker"], extra_env)
+    async def worker(self, *, log_level: str | None = None, **extra_env: str) -> Process:
+        """Start ``tradecore worker`` (at ``log_level``, the command's default if None);
+        return once it reports it is running."""
+        args = ["worker"] if log_level is None else ["--log-level", log_level, "worker"]
+        process = await self._spawn(f"worker-{len(self.processes)}", args, extra_env)
 
         async def running() -> bool:
             if not process.running:

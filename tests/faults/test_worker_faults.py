@@ -11,10 +11,15 @@ named after its client order id, and the account's book with its positions.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from decimal import Decimal
 
+import psycopg
 import pytest
-from harness import SETTLE_TIMEOUT_S, Stack, eventually, webhook_body
+from harness import SETTLE_TIMEOUT_S, Process, Stack, eventually, webhook_body
+
+from tradecore_adapters.redis import RedisFillTaskQueue, connect
 
 pytestmark = pytest.mark.faults
 
@@ -105,6 +110,63 @@ async def test_a_worker_killed_between_a_reversals_close_and_entry_repeats_neith
     broker_orders = await stack.db.broker_orders(account.trading_account_id)
     assert len(broker_orders) == 3, broker_orders  # the short, the close, the entry
     assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+
+
+@asynccontextmanager
+async def row_locked(stack: Stack, order_id: str) -> AsyncIterator[None]:
+    """The order's row locked against writes (a transaction of the test's, held open): the
+    worker's result waits for it, as behind a slow commit."""
+    conn = await psycopg.AsyncConnection.connect(stack.db.conninfo)
+    async with conn, conn.transaction(force_rollback=True):
+        await conn.execute("SELECT id FROM order_history WHERE id = %s FOR UPDATE", [order_id])
+        yield
+
+
+async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_check(
+    stack: Stack,
+) -> None:
+    """The worker sends an order's first fill check while the placement's result commits.
+    Killed after the send and before the commit, it leaves a check whose row still says
+    ``submitted``: the next host's fill verifier asks nothing and keeps the check for later,
+    and the host records the order once; one broker order, the check still queued, no dead
+    letter."""
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
+    )
+    tasks = RedisFillTaskQueue(connect(stack.redis.url, socket_timeout_s=2.0))
+    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+    await stack.order_reaches(order_id, "submitted")
+
+    async with row_locked(stack, order_id):
+
+        async def check_sent() -> bool:
+            return await tasks.pending_count() == 1
+
+        await eventually(check_sent, "the fill check sent beside the result", diagnose=stack.logs)
+        await worker.kill()
+        assert await stack.db.order_status(order_id) == "submitted", "the result was written"
+        await stack.end_lease()
+        successor: Process = await stack.worker(log_level="INFO")
+
+        async def checked_too_early() -> bool:
+            return "placement result not recorded yet" in successor.output()
+
+        await eventually(
+            checked_too_early,
+            "the check to find the result not recorded",
+            timeout_s=SETTLE_TIMEOUT_S,
+            diagnose=stack.logs,
+        )
+        assert await stack.db.order_status(order_id) == "submitted"
+
+    await stack.order_reaches(order_id, "filled")
+    broker_orders = await stack.db.broker_orders(account.trading_account_id)
+    assert len(broker_orders) == 1, broker_orders
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+    assert await tasks.pending_count() == 1  # re-queued: it resumes once due again
+    assert await tasks.dead_letters() == []
 
 
 async def test_orders_fill_through_a_broker_that_drops_every_second_call(stack: Stack) -> None:
