@@ -30,6 +30,11 @@ it is woken, and an order makes a dozen such hops (client, API, Redis, Postgres 
 flush, worker host and back). Usage::
 
     .venv/bin/python bench/real_mode/steps.py --users 50 --orders 400 --rate 20
+
+``--hops`` splits the answer further, hop by hop: the processes start with
+``bench/real_mode/hops`` first on their ``PYTHONPATH``, whose ``sitecustomize`` wraps the
+methods an order goes through so each writes a timestamp (``HOPS`` below names them); the
+product's code is unchanged, and the writes cost a little time of their own.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -55,6 +61,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import accounts_from, prime, session
 from stack import REDIS_URL, Stack, cpu_seconds, machine_busy_seconds
 
+HOPS_SITE = Path(__file__).resolve().parent / "hops"
+HOPS = (
+    # (hop, from, to): the marks of hops/sitecustomize.py
+    ("intent: the INSERT, committed", "add", "intent"),
+    ("push: the push script", "intent", "pushed"),
+    ("take: the worker host's wake-up and LMOVE", "pushed", "taken"),
+    ("position: the broker's positions", "taken", "claim"),
+    ("claim: queued -> submitted, committed", "claim", "claimed"),
+    ("placement: the broker's answer (the paper book saved)", "claimed", "placed"),
+    ("result: submitted -> filled, committed", "placed", "result"),
+    ("fill check sent, from the placement", "placed", "fill"),
+    ("complete: the reply published", "result", "completed"),
+    ("answer: the API has the reply", "completed", "replied"),
+    ("intent to answer", "add", "replied"),
+)
 GAPS = (
     ("send -> created", "sent", "created_at"),
     ("created -> submitted", "created_at", "submitted_at"),
@@ -207,12 +228,51 @@ def _rows(database_url: str, ids: list[str]) -> dict[str, dict[str, datetime]]:
         return {row[0]: dict(zip(names, row[1:], strict=True)) for row in cursor}
 
 
+def hop_marks(directory: Path) -> dict[str, dict[str, float]]:
+    """Each order's marks (step -> first time) from the processes' files."""
+    marks: dict[str, dict[str, float]] = {}
+    for path in directory.glob("*.log"):
+        for line in path.read_text().splitlines():
+            at, step, order_id, _ = line.split()
+            marks.setdefault(order_id, {}).setdefault(step, float(at))
+    return marks
+
+
+def print_hops(marks: dict[str, dict[str, float]], ids: list[str]) -> None:
+    for name, start, end in HOPS:
+        values = sorted(
+            (m[end] - m[start]) * 1000
+            for m in (marks.get(i, {}) for i in ids)
+            if start in m and end in m
+        )
+        if not values:
+            raise SystemExit(f"no order has the marks of {name!r}: a wrapped method changed?")
+        print(
+            json.dumps(
+                {
+                    "hop": name,
+                    "n": len(values),
+                    "p50_ms": round(statistics.median(values), 3),
+                    "p90_ms": round(values[int(len(values) * 0.9)], 3),
+                }
+            )
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--orders", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="orders per second")
+    parser.add_argument("--hops", action="store_true", help="timestamps around each step")
     args = parser.parse_args()
+    hops_dir = None
+    if args.hops:  # before the stack copies the environment for its processes
+        hops_dir = Path(tempfile.mkdtemp(prefix="tradecore-hops-"))
+        os.environ["BENCH_HOPS_DIR"] = str(hops_dir)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(HOPS_SITE), os.environ.get("PYTHONPATH")) if p
+        )
     floor_us = idle_round_trip_us(args.rate, min(args.orders, 200))
     print(json.dumps({"idle_round_trip_p50_us": round(floor_us, 1), "rate": args.rate}))
     stack = Stack(Path(tempfile.mkdtemp(prefix="tradecore-steps-")))
@@ -244,6 +304,9 @@ def main() -> None:
                 }
             )
         )
+    if hops_dir is not None:
+        print_hops(hop_marks(hops_dir), [str(t["id"]) for t in timings])
+        shutil.rmtree(hops_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
