@@ -64,6 +64,13 @@ from stack import REDIS_URL, Stack, cpu_seconds, machine_busy_seconds
 HOPS_SITE = Path(__file__).resolve().parent / "hops"
 HOPS = (
     # (hop, from, to): the marks of hops/sitecustomize.py
+    ("HTTP in: the client's send to the webhook handler", "sent", "received"),
+    (
+        "checks: parse, token, IP, timestamp, secret and the admission script",
+        "received",
+        "admitted",
+    ),
+    ("the remaining checks (plan, daily cap, credentials, symbol)", "admitted", "add"),
     ("intent: the INSERT, committed", "add", "intent"),
     ("push: the push script", "intent", "pushed"),
     ("take: the worker host's wake-up and LMOVE", "pushed", "taken"),
@@ -74,7 +81,9 @@ HOPS = (
     ("fill check sent, from the placement", "placed", "fill"),
     ("complete: the reply published", "result", "completed"),
     ("answer: the API has the reply", "completed", "replied"),
+    ("HTTP out: the API's reply to the client's answer", "replied", "answered"),
     ("intent to answer", "add", "replied"),
+    ("send to answer", "sent", "answered"),
 )
 GAPS = (
     ("send -> created", "sent", "created_at"),
@@ -305,7 +314,11 @@ def main() -> None:
             )
         )
     if hops_dir is not None:
-        print_hops(hop_marks(hops_dir), [str(t["id"]) for t in timings])
+        marks = hop_marks(hops_dir)
+        for timing in timings:  # the client's own times beside the processes'
+            own = marks.setdefault(str(timing["id"]), {})
+            own.update(sent=timing["sent"], answered=timing["answered"])
+        print_hops(marks, [str(t["id"]) for t in timings])
         shutil.rmtree(hops_dir, ignore_errors=True)
 
 
