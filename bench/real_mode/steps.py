@@ -263,6 +263,7 @@ def print_hops(marks: dict[str, dict[str, float]], ids: list[str]) -> None:
                     "n": len(values),
                     "p50_ms": round(statistics.median(values), 3),
                     "p90_ms": round(values[int(len(values) * 0.9)], 3),
+                    "p99_ms": round(values[int(len(values) * 0.99)], 3),
                 }
             )
         )
