@@ -256,17 +256,23 @@ def print_hops(marks: dict[str, dict[str, float]], ids: list[str]) -> None:
         )
         if not values:
             raise SystemExit(f"no order has the marks of {name!r}: a wrapped method changed?")
-        print(
-            json.dumps(
-                {
-                    "hop": name,
-                    "n": len(values),
-                    "p50_ms": round(statistics.median(values), 3),
-                    "p90_ms": round(values[int(len(values) * 0.9)], 3),
-                    "p99_ms": round(values[int(len(values) * 0.99)], 3),
-                }
-            )
+        print_spread("hop", name, values)
+
+
+def print_spread(kind: str, name: str, values: list[float]) -> None:
+    """One line of JSON: ``name`` under ``kind``, and the median, p90 and p99 of the sorted
+    ``values`` (ms)."""
+    print(
+        json.dumps(
+            {
+                kind: name,
+                "n": len(values),
+                "p50_ms": round(statistics.median(values), 3),
+                "p90_ms": round(values[int(len(values) * 0.9)], 3),
+                "p99_ms": round(values[int(len(values) * 0.99)], 3),
+            }
         )
+    )
 
 
 def main() -> None:
@@ -303,17 +309,7 @@ def main() -> None:
             if start in points and end in points:
                 gaps[name].append((points[end] - points[start]) * 1000)
     for name, values in gaps.items():
-        values.sort()
-        print(
-            json.dumps(
-                {
-                    "step": name,
-                    "n": len(values),
-                    "p50_ms": round(statistics.median(values), 3),
-                    "p90_ms": round(values[int(len(values) * 0.9)], 3),
-                }
-            )
-        )
+        print_spread("step", name, sorted(values))
     if hops_dir is not None:
         marks = hop_marks(hops_dir)
         for timing in timings:  # the client's own times beside the processes'
