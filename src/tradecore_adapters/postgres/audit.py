@@ -78,14 +78,16 @@ _APPEND = (
         "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
         " WHERE seal = %(previous)s RETURNING 1)"
         " INSERT INTO audit_logs ({columns})"
-        " SELECT {selected} FROM head, unnest({arrays}) WITH ORDINALITY AS e({columns}, n)"
+        " SELECT {selected} FROM head,"
+        " ROWS FROM (jsonb_to_recordset(%(entries)s::jsonb) AS ({typed}))"
+        " WITH ORDINALITY AS e({columns}, n)"
         " ORDER BY e.n RETURNING id, seal"
     )
     .format(
         columns=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS),
         selected=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c)) for c in _COLUMNS),
-        arrays=sql.SQL(", ").join(
-            sql.SQL("{}::{}[]").format(sql.Placeholder(c), sql.SQL(t))
+        typed=sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
             for c, t in zip(_COLUMNS, _TYPES, strict=True)
         ),
     )
@@ -103,6 +105,28 @@ _APPEND_ONE = (
     )
     .as_string()
 )
+
+
+def _columns(stored: AuditEntry, previous: str, sealed: str) -> dict[str, Any]:
+    """The row of ``stored``, sealed as ``sealed`` onto ``previous``, by column. In a JSON
+    document ``_dumps`` writes ``created_at`` as its text, exact to the microsecond."""
+    context = stored.context
+    return {
+        "user_id": stored.user_id,
+        "action": stored.action.value,
+        "success": stored.success,
+        "ip_address": context.ip_address,
+        "user_agent": context.user_agent,
+        "request_path": context.request_path,
+        "request_method": context.request_method,
+        "error_message": stored.error_message,
+        "resource_type": stored.resource_type,
+        "resource_id": stored.resource_id,
+        "metadata": dict(stored.metadata),
+        "created_at": stored.created_at,
+        "previous_seal": previous,
+        "seal": sealed,
+    }
 
 
 @attrs.frozen
@@ -160,38 +184,26 @@ class PostgresAuditLog:
 
     async def _append_batch(self, entries: list[AuditEntry]) -> list[int]:
         """Seal ``entries`` onto the chain and insert them in one statement; their ids."""
-        columns: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
-        for stored in entries:
-            context = stored.context
-            columns["user_id"].append(stored.user_id)
-            columns["action"].append(stored.action.value)
-            columns["success"].append(stored.success)
-            columns["ip_address"].append(context.ip_address)
-            columns["user_agent"].append(context.user_agent)
-            columns["request_path"].append(context.request_path)
-            columns["request_method"].append(context.request_method)
-            columns["error_message"].append(stored.error_message)
-            columns["resource_type"].append(stored.resource_type)
-            columns["resource_id"].append(stored.resource_id)
-            columns["metadata"].append(Jsonb(dict(stored.metadata), dumps=_dumps))
-            columns["created_at"].append(stored.created_at)
         for _ in range(_CHAIN_ATTEMPTS):
             previous = self._head if self._head is not None else await self._read_head()
             seals: list[str] = []
             for stored in entries:
                 seals.append(seal(seals[-1] if seals else previous, stored))
-            params: dict[str, Any] = {
-                **columns,
-                "previous_seal": [previous, *seals[:-1]],
-                "seal": seals,
-                "previous": previous,
-                "last": seals[-1],
-            }
+            chain = {"previous": previous, "last": seals[-1]}
             if len(entries) == 1:
-                single = {c: params[c][0] for c in _COLUMNS}
-                rows = await fetch_all(self._pool, _APPEND_ONE, {**params, **single})
+                single = _columns(entries[0], previous, seals[0])
+                single["metadata"] = Jsonb(single["metadata"], dumps=_dumps)
+                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **single})
             else:
-                rows = await fetch_all(self._pool, _APPEND, params)
+                # The batch as one JSON document (json's C encoder), not one array per
+                # column: psycopg dumps array elements one by one in Python.
+                document = [
+                    _columns(stored, before, sealed)
+                    for stored, before, sealed in zip(
+                        entries, [previous, *seals[:-1]], seals, strict=True
+                    )
+                ]
+                rows = await fetch_all(self._pool, _APPEND, {**chain, "entries": _dumps(document)})
             if rows:
                 self._head = seals[-1]
                 ids = {str(r["seal"]): int(r["id"]) for r in rows}
