@@ -31,7 +31,6 @@ import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
 
 SYMBOL = "BTCUSDT"
-SPIN_S = 0.0015
 TIMEOUT_S = 10.0
 
 
@@ -221,16 +220,29 @@ async def open_loop(
         loop.call_at(begin, cpu.mark)
         loop.call_at(end, cpu.mark)
         in_flight: set[asyncio.Task[None]] = set()
-        for index in range(total):
-            scheduled = start + index / rate
-            delay = scheduled - loop.time()
-            if delay > SPIN_S:
-                await asyncio.sleep(delay - SPIN_S)
-            while loop.time() < scheduled:  # noqa: ASYNC110 - exact send time
-                await asyncio.sleep(0)
+        paced = asyncio.Event()
+
+        def launch(index: int, scheduled: float) -> None:
             task = asyncio.create_task(fire(index, scheduled))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
+            if index == total - 1:
+                paced.set()
+
+        def pace() -> None:
+            # The send times are kept by a thread sleeping in time.sleep (nanosleep, a tenth
+            # of a millisecond late at most here) and handing each send to the event loop:
+            # the loop's own timers are a millisecond coarse, and busy-waiting the last
+            # stretch would take a good part of a core from the processes under test.
+            for index in range(total):
+                scheduled = start + index / rate
+                time.sleep(max(0.0, scheduled - time.monotonic()))
+                loop.call_soon_threadsafe(launch, index, scheduled)
+
+        if total:
+            pacer = loop.run_in_executor(None, pace)
+            await paced.wait()
+            await pacer
         await asyncio.gather(*in_flight)
         await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)
     measured = [s for s in samples if begin <= s[0] < end]
