@@ -36,22 +36,22 @@ def _install() -> None:
 
     out = open(os.path.join(_DIR, f"{os.getpid()}.log"), "a", buffering=1)  # noqa: SIM115
 
-    def mark(step: str, order_id: str, user_id: str = "-") -> None:
-        out.write(f"{time.time():.6f} {step} {order_id} {user_id}\n")
+    def mark(step: str, order_id: str, user_id: str = "-", at: float | None = None) -> None:
+        out.write(f"{time.time() if at is None else at:.6f} {step} {order_id} {user_id}\n")
 
-    Key = Callable[..., tuple[str, str]]
+    Hook = Callable[..., None] | None
 
-    def around(cls: type, name: str, before: str | None, after: str | None, key: Key) -> None:
+    def wrap(cls: type, name: str, on_entry: Hook = None, on_exit: Hook = None) -> None:
+        """``cls.name`` calling ``on_entry`` and ``on_exit`` with the call's arguments."""
         original = getattr(cls, name)
 
         @functools.wraps(original)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            ids = key(*args, **kwargs)
-            if before:
-                mark(before, *ids)
+            if on_entry is not None:
+                on_entry(*args, **kwargs)
             result = await original(*args, **kwargs)
-            if after:
-                mark(after, *ids)
+            if on_exit is not None:
+                on_exit(*args, **kwargs)
             return result
 
         setattr(cls, name, wrapped)
@@ -61,56 +61,46 @@ def _install() -> None:
     early: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
         "bench_hops", default=None
     )
-    handle = WebhookIntake.handle
 
-    @functools.wraps(handle)
-    async def marked_handle(self: Any, *args: Any, **kwargs: Any) -> Any:
-        early.set({"received": time.time()})
-        return await handle(self, *args, **kwargs)
-
-    WebhookIntake.handle = marked_handle  # type: ignore[method-assign]
-    admit = RedisWebhookAdmission.admit
-
-    @functools.wraps(admit)
-    async def marked_admit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        admission = await admit(self, *args, **kwargs)
+    def admitted(*_: Any, **__: Any) -> None:
         times = early.get()
         if times is not None:
             times["admitted"] = time.time()
-        return admission
 
-    RedisWebhookAdmission.admit = marked_admit  # type: ignore[method-assign]
-    add = PostgresOrderHistory.add
-
-    @functools.wraps(add)
-    async def marked_add(self: Any, record: Any, *args: Any, **kwargs: Any) -> Any:
+    def adding(_: Any, record: Any, *__: Any, **___: Any) -> None:
         for step, at in (early.get() or {}).items():
-            out.write(f"{at:.6f} {step} {record.id} {record.user_id}\n")
+            mark(step, record.id, record.user_id, at)
         mark("add", record.id, record.user_id)
-        result = await add(self, record, *args, **kwargs)
-        mark("intent", record.id, record.user_id)
-        return result
 
-    PostgresOrderHistory.add = marked_add  # type: ignore[method-assign]
-    around(RedisOrderQueue, "push", None, "pushed", lambda s, r: (r.order_id, r.user_id))
-    around(OrderDispatcher, "_reply", None, "replied", lambda s, order_id, *a: (order_id, "-"))
-    # worker host: the take, the claim, the placement's result, the completion
-    around(WorkerHost, "_execute", "taken", "completed", lambda s, u, slot, r: (r.order_id, u))
+    wrap(WebhookIntake, "handle", lambda *_, **__: early.set({"received": time.time()}))
+    wrap(RedisWebhookAdmission, "admit", on_exit=admitted)
+    wrap(
+        PostgresOrderHistory,
+        "add",
+        adding,
+        lambda _, record, *__, **___: mark("intent", record.id, record.user_id),
+    )
+    wrap(RedisOrderQueue, "push", on_exit=lambda _, r: mark("pushed", r.order_id, r.user_id))
+    wrap(OrderDispatcher, "_reply", on_exit=lambda _, order_id, *__: mark("replied", order_id))
+    # worker host: the take, the claim, the placement's result, the fill check, the completion
+    wrap(
+        WorkerHost,
+        "_execute",
+        lambda _, user, __, r: mark("taken", r.order_id, user),
+        lambda _, user, __, r: mark("completed", r.order_id, user),
+    )
     steps = {"Submitted": ("claim", "claimed"), "Executed": ("placed", "result")}
-    transition = PostgresOrderHistory.transition
 
-    @functools.wraps(transition)
-    async def marked_transition(self: Any, order_id: str, change: Any) -> Any:
-        before, after = steps.get(type(change).__name__, (None, None))
-        if before:
-            mark(before, order_id)
-        row = await transition(self, order_id, change)
-        if after:
-            mark(after, order_id)
-        return row
+    def transition_mark(index: int) -> Callable[[Any, str, Any], None]:
+        def hook(_: Any, order_id: str, change: Any) -> None:
+            names = steps.get(type(change).__name__)
+            if names is not None:
+                mark(names[index], order_id)
 
-    PostgresOrderHistory.transition = marked_transition  # type: ignore[method-assign]
-    around(UserWorker, "_schedule_fill_check", None, "fill", lambda s, row: (row.id, "-"))
+        return hook
+
+    wrap(PostgresOrderHistory, "transition", transition_mark(0), transition_mark(1))
+    wrap(UserWorker, "_schedule_fill_check", on_exit=lambda _, row: mark("fill", row.id))
 
 
 if _DIR:
