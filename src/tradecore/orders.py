@@ -118,6 +118,11 @@ class OrderStatus(enum.StrEnum):
     def is_terminal(self) -> bool:
         return self in _TERMINAL_STATUSES
 
+    @property
+    def is_settled(self) -> bool:
+        """An execution recorded the order's outcome: neither ``queued`` nor ``submitted``."""
+        return self not in (OrderStatus.QUEUED, OrderStatus.SUBMITTED)
+
 
 _TERMINAL_STATUSES = frozenset(
     {

@@ -36,13 +36,11 @@ log = logging.getLogger(__name__)
 
 StatusCheck = Callable[[OrderHistoryRecord], Awaitable[BrokerOrder | None]]
 
-_UNSETTLED = frozenset({OrderStatus.QUEUED, OrderStatus.SUBMITTED})
-
 
 def _unsettled(row: OrderHistoryRecord) -> bool:
     """The row's placement result is not recorded yet (``fills.decide_unsettled``): it is
     not settled and names no broker order to ask about."""
-    return row.status in _UNSETTLED and row.client_order_id is None
+    return not row.status.is_settled and row.client_order_id is None
 
 
 _RESUMED_STATES = {

@@ -270,8 +270,7 @@ class UserWorker:
             error=outcome.error,
             placed_at=now if outcome.broker_refs else None,
         )
-        if outcome.broker_refs and outcome.main_client_order_id is not None:
-            # placed: the fill check goes out while the result commits (module doc, 4)
+        if _placed(executed):  # the fill check goes out while the result commits (module doc, 4)
             updated = await alongside(
                 self._orders.transition(row.id, executed), self._schedule_fill_check(row)
             )
@@ -300,16 +299,14 @@ class UserWorker:
     async def _current(self, row: OrderHistoryRecord) -> OrderResult:
         """The result of ``row`` as another call left it (through ``_settled`` once settled)."""
         latest = await self._orders.get(row.id) or row
-        if latest.status in _UNSETTLED:
+        if not latest.status.is_settled:
             return latest.to_result()
         return await self._settled(latest)
 
 
-_UNSETTLED = frozenset({OrderStatus.QUEUED, OrderStatus.SUBMITTED})
-
-
-def _placed(row: OrderHistoryRecord) -> bool:
-    """The settled row has broker orders: it gets a fill check."""
+def _placed(row: OrderHistoryRecord | Executed) -> bool:
+    """The settled row (or the execution about to settle it) has broker orders: it gets a fill
+    check."""
     return row.client_order_id is not None and bool(row.broker_refs)
 
 
