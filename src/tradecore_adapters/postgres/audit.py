@@ -107,9 +107,10 @@ _APPEND_ONE = (
 )
 
 
-def _columns(stored: AuditEntry, previous: str, sealed: str) -> dict[str, Any]:
-    """The row of ``stored``, sealed as ``sealed`` onto ``previous``, by column. In a JSON
-    document ``_dumps`` writes ``created_at`` as its text, exact to the microsecond."""
+def _columns(stored: AuditEntry) -> dict[str, Any]:
+    """The row of ``stored`` by column, but for its seals (they depend on the chain's head
+    when it is written). In a JSON document ``_dumps`` writes ``created_at`` as its text,
+    exact to the microsecond."""
     context = stored.context
     return {
         "user_id": stored.user_id,
@@ -124,8 +125,6 @@ def _columns(stored: AuditEntry, previous: str, sealed: str) -> dict[str, Any]:
         "resource_id": stored.resource_id,
         "metadata": dict(stored.metadata),
         "created_at": stored.created_at,
-        "previous_seal": previous,
-        "seal": sealed,
     }
 
 
@@ -184,26 +183,25 @@ class PostgresAuditLog:
 
     async def _append_batch(self, entries: list[AuditEntry]) -> list[int]:
         """Seal ``entries`` onto the chain and insert them in one statement; their ids."""
+        columns = [_columns(stored) for stored in entries]
+        if len(entries) == 1:
+            columns[0]["metadata"] = Jsonb(columns[0]["metadata"], dumps=_dumps)
         for _ in range(_CHAIN_ATTEMPTS):
             previous = self._head if self._head is not None else await self._read_head()
             seals: list[str] = []
             for stored in entries:
                 seals.append(seal(seals[-1] if seals else previous, stored))
+            sealed = [
+                {**row, "previous_seal": before, "seal": after}
+                for row, before, after in zip(columns, [previous, *seals[:-1]], seals, strict=True)
+            ]
             chain = {"previous": previous, "last": seals[-1]}
             if len(entries) == 1:
-                single = _columns(entries[0], previous, seals[0])
-                single["metadata"] = Jsonb(single["metadata"], dumps=_dumps)
-                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **single})
+                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **sealed[0]})
             else:
                 # The batch as one JSON document (json's C encoder), not one array per
                 # column: psycopg dumps array elements one by one in Python.
-                document = [
-                    _columns(stored, before, sealed)
-                    for stored, before, sealed in zip(
-                        entries, [previous, *seals[:-1]], seals, strict=True
-                    )
-                ]
-                rows = await fetch_all(self._pool, _APPEND, {**chain, "entries": _dumps(document)})
+                rows = await fetch_all(self._pool, _APPEND, {**chain, "entries": _dumps(sealed)})
             if rows:
                 self._head = seals[-1]
                 ids = {str(r["seal"]): int(r["id"]) for r in rows}
