@@ -1,10 +1,11 @@
--- wrk script: webhook orders with a unique body per request (the closed-loop cross-check of
--- bench/webhook_load.py closed, with a C client).
+-- wrk script: webhook orders with a unique body per request (the closed loop of
+-- bench/webhook_load.py wrk and bench/real_mode/run.py --client wrk, with a C client; both run
+-- it through bench/wrk_runner.py).
 --
 --   wrk -t2 -c16 -d20s -s bench/webhook.lua http://127.0.0.1:8099
 --
--- Reads the accounts from ACCOUNTS_LUA (default bench/results/accounts.lua, written from the
--- seeded server's accounts.json by bench/run_http_bench.sh): a Lua file returning
+-- Reads the accounts from ACCOUNTS_LUA (default bench/results/accounts.lua; wrk_runner.py
+-- writes it in a temporary directory): a Lua file returning
 -- { {path = "/webhook/<token>/order", secret = "..."}, ... }. WRK_THREADS must equal -t.
 --
 -- Thread i of n takes accounts i, i+n, i+2n, ... in turn, so an account comes back only

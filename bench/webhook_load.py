@@ -35,10 +35,7 @@ import ctypes
 import json
 import os
 import platform
-import re
 import resource
-import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -49,6 +46,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from lean_http import LeanClient, ProtocolError
+from wrk_runner import errors_of, run_wrk, wrk_binary
 
 SYMBOL = "BTCUSDT"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -510,48 +508,33 @@ async def closed_loop(args: argparse.Namespace, document: dict[str, Any]) -> dic
 def wrk_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
     """The closed loop driven by wrk (a C client) with bench/webhook.lua: a warm-up run, then
     the measured one."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
-    lua_accounts = RESULTS / "accounts.lua"
-    entries = ",\n".join(
-        f'{{path = "{urlsplit(a["webhook_url"]).path}", secret = "{a["webhook_secret"]}"}}'
-        for a in document["accounts"]
-    )
-    lua_accounts.write_text(f"return {{\n{entries}\n}}\n")
-    env = {**os.environ, "ACCOUNTS_LUA": str(lua_accounts), "WRK_THREADS": str(args.threads)}
-    script = Path(__file__).resolve().parent / "webhook.lua"
 
-    def run(seconds: float) -> str:
-        command = [wrk, f"-t{args.threads}", f"-c{args.concurrency}", f"-d{round(seconds)}s"]
-        command += [f"--timeout={round(args.timeout)}s", "-s", str(script), document["base_url"]]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-        return done.stdout
+    def run(seconds: float) -> dict[str, Any]:
+        return run_wrk(
+            document["accounts"],
+            document["base_url"],
+            threads=args.threads,
+            concurrency=args.concurrency,
+            seconds=seconds,
+            timeout_s=args.timeout,
+        )
 
     def children_seconds() -> float:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    try:
-        if args.warmup >= 1:
-            run(args.warmup)
-        cpu = CpuMeter(document["pid"], children_seconds)
-        cpu.mark()
-        output = run(args.duration)
-        cpu.mark()
-    finally:
-        lua_accounts.unlink(missing_ok=True)
-    found = re.search(r"^WRK_RESULT (.*)$", output, re.MULTILINE)
-    if found is None:
-        raise SystemExit(f"wrk printed no result:\n{output}")
-    measured = json.loads(found.group(1))
-    errors = measured["non_200"] + measured["not_filled"] + measured["socket_errors"]
+    wrk_binary()
+    if args.warmup >= 1:
+        run(args.warmup)
+    cpu = CpuMeter(document["pid"], children_seconds)
+    cpu.mark()
+    measured = run(args.duration)
+    cpu.mark()
+    errors, kinds = errors_of(measured)
     return {
         "requests": measured["requests"],
         "errors": errors,
-        "error_kinds": {
-            k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]
-        },
+        "error_kinds": kinds,
         "achieved_rate_per_s": measured["rate_per_s"],
         "latency_ms": measured["latency_ms"],
         "concurrency": args.concurrency,

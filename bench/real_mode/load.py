@@ -4,6 +4,8 @@
   *scheduled* send time (no coordinated omission).
 * ``closed_loop``: C client tasks, each sending its next order when the previous one is
   answered: the throughput at that concurrency.
+* ``closed_loop_wrk``: the same closed loop driven by wrk (``bench/wrk_runner.py``), a C
+  client that leaves the machine's CPU to the service (the issue's own measurements used it).
 * ``prime``: one order per account, so every user's worker is running before a measured
   phase (a first order is a cold activation, measured on its own by ``cold_orders``).
 * ``cold_orders``: the first order of never-activated users, one at a time: send to
@@ -20,15 +22,21 @@ one request at a time, so positions and margin stay bounded. Anything but 200 wi
 from __future__ import annotations
 
 import asyncio
+import resource
 import secrets
+import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from wrk_runner import errors_of, run_wrk
 
 SYMBOL = "BTCUSDT"
 TIMEOUT_S = 10.0
@@ -118,11 +126,15 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 class CpuMeter:
-    """CPU over a window, percent of one core: the API, the worker host, this client, and
-    everything else (Postgres and Redis included, plus anything unrelated)."""
+    """CPU over a window, percent of one core: the API, the worker host, the client, and
+    everything else (Postgres and Redis included, plus anything unrelated). The client is
+    this process (``time.process_time``) unless ``client_seconds`` says otherwise."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(
+        self, pids: dict[str, int], client_seconds: Callable[[], float] = time.process_time
+    ) -> None:
         self._pids = pids
+        self._client_seconds = client_seconds
         self._marks: list[tuple[float, dict[str, float], float, float]] = []
 
     def mark(self) -> None:
@@ -130,7 +142,7 @@ class CpuMeter:
             (
                 time.monotonic(),
                 {name: cpu_seconds(pid) for name, pid in self._pids.items()},
-                time.process_time(),
+                self._client_seconds(),
                 machine_busy_seconds(),
             )
         )
@@ -288,6 +300,55 @@ async def closed_loop(
     result["concurrency"] = concurrency
     result.update(cpu.report())
     return result
+
+
+def closed_loop_wrk(
+    accounts: Sequence[Account],
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    pids: dict[str, int],
+    *,
+    threads: int = 2,
+) -> dict[str, Any]:
+    """``closed_loop`` driven by wrk: a warm-up run, then the measured one (whole seconds).
+    The accounts' state here (``Account.open_quantity``) is neither read nor changed: wrk
+    opens before it exits (``wrk_runner``), so what it leaves is a longer position, which
+    this client's next exit still finds."""
+    documents = [{"webhook_url": a.url, "webhook_secret": a.secret} for a in accounts]
+    base_url = accounts[0].url.split("/webhook/", 1)[0]
+
+    def run(seconds: float) -> dict[str, Any]:
+        return run_wrk(
+            documents,
+            base_url,
+            threads=threads,
+            concurrency=concurrency,
+            seconds=seconds,
+            timeout_s=TIMEOUT_S,
+        )
+
+    def children_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    if warmup_s >= 1:
+        run(warmup_s)
+    cpu = CpuMeter(pids, children_seconds)
+    cpu.mark()
+    measured = run(duration_s)
+    cpu.mark()
+    errors, kinds = errors_of(measured)
+    return {
+        "requests": measured["requests"],
+        "errors": errors,
+        "error_kinds": kinds,
+        "achieved_rate_per_s": measured["rate_per_s"],
+        "latency_ms": measured["latency_ms"],
+        "concurrency": concurrency,
+        "client": f"wrk -t{threads}",
+        **cpu.report(),
+    }
 
 
 async def cold_orders(accounts: Sequence[Account], pause_s: float = 0.02) -> dict[str, Any]:

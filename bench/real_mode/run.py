@@ -9,8 +9,9 @@ with a verified paper account each plus ``--cold`` users kept for cold activatio
   users primed (one order each, so their workers run), then open loop at that rate,
   ``--warmup`` + ``--duration`` s; latency from the scheduled send to the OrderResult.
 * ``throughput``: ``--throughput-users`` users primed, then closed loop at each concurrency of
-  ``--concurrency`` (``--step-warmup`` + ``--step-duration`` s each): the knee is the highest
-  rate with no error; then open loop at ``--sustain-rate`` for ``--duration`` s.
+  ``--concurrency`` (``--step-warmup`` + ``--step-duration`` s each), driven by this process
+  or, with ``--client wrk``, by wrk: the knee is the highest rate with no error; then open
+  loop at ``--sustain-rate`` for ``--duration`` s.
 * ``cold``: lease acquisition for ``--cold`` fresh user ids (``request_start`` to
   ``wait_active`` True), and the first order of ``--cold`` never-activated users (send to
   OrderResult), one at a time.
@@ -108,9 +109,16 @@ def phase_throughput(args: argparse.Namespace, stack: Stack, accounts: list[load
     steps = []
     for concurrency in args.concurrency:
         busy = quiet(args, f"closed loop c={concurrency}")
-        step = asyncio.run(
-            load.closed_loop(users, concurrency, args.step_warmup, args.step_duration, pids(stack))
-        )
+        if args.client == "wrk":
+            step = load.closed_loop_wrk(
+                users, concurrency, args.step_warmup, args.step_duration, pids(stack)
+            )
+        else:
+            step = asyncio.run(
+                load.closed_loop(
+                    users, concurrency, args.step_warmup, args.step_duration, pids(stack)
+                )
+            )
         step["busy_before_percent"] = busy
         steps.append(step)
         log(
@@ -314,6 +322,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument(
         "--concurrency", default="8,16,32,64", type=lambda s: [int(c) for c in s.split(",")]
+    )
+    parser.add_argument(
+        "--client",
+        choices=("aiohttp", "wrk"),
+        default="aiohttp",
+        help="the closed loop's client: this process (aiohttp) or wrk (a C client)",
     )
     parser.add_argument("--step-warmup", type=float, default=3.0)
     parser.add_argument("--step-duration", type=float, default=12.0)

@@ -1,0 +1,69 @@
+"""wrk (a C HTTP client) driving webhook orders with ``webhook.lua``: the closed loop of both
+the embedded benchmark (``webhook_load.py wrk``) and the real-mode one (``real_mode/run.py
+--client wrk``), so the client takes a twentieth of the CPU an asyncio client takes and
+leaves it to the service under test.
+
+Each call of ``run_wrk`` is one wrk process over ``accounts`` (dicts with ``webhook_url`` and
+``webhook_secret``). Every account starts with a buy entry in every call, and sends its sell
+exit only after its own entry was answered, so a position is never exited twice whatever an
+earlier client (or an earlier call, cut off mid-order) left open: the positions stay long and
+bounded, and every order can fill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+SCRIPT = Path(__file__).resolve().parent / "webhook.lua"
+
+
+def wrk_binary() -> str:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+    return wrk
+
+
+def run_wrk(
+    accounts: Sequence[dict[str, str]],
+    base_url: str,
+    *,
+    threads: int,
+    concurrency: int,
+    seconds: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One wrk run of ``seconds`` (whole seconds, at least one); what ``webhook.lua`` counted:
+    requests, filled, non_200, not_filled, socket_errors, rate_per_s and latency_ms."""
+    wrk = wrk_binary()
+    entries = ",\n".join(
+        f'{{path = "{urlsplit(a["webhook_url"]).path}", secret = "{a["webhook_secret"]}"}}'
+        for a in accounts
+    )
+    with tempfile.TemporaryDirectory(prefix="tradecore-wrk-") as workdir:
+        lua_accounts = Path(workdir) / "accounts.lua"
+        lua_accounts.write_text(f"return {{\n{entries}\n}}\n")
+        env = {**os.environ, "ACCOUNTS_LUA": str(lua_accounts), "WRK_THREADS": str(threads)}
+        command = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s"]
+        command += [f"--timeout={max(1, round(timeout_s))}s", "-s", str(SCRIPT), base_url]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    found = re.search(r"^WRK_RESULT (.*)$", done.stdout, re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"wrk printed no result:\n{done.stdout}\n{done.stderr}")
+    result: dict[str, Any] = json.loads(found.group(1))
+    return result
+
+
+def errors_of(measured: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """The errors of a ``run_wrk`` result: their count and their kinds."""
+    kinds = {k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]}
+    return sum(kinds.values()), kinds
