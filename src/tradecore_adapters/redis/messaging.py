@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
@@ -296,7 +297,10 @@ class RedisOrderQueue:
         # request id -> (user id, when the entry lapses), oldest first: whose reply key
         # ``wait_result`` reads. Pruned as requests are handed over, so bounded by the
         # requests of the last REPLY_TTL_S.
-        self._handed_over: dict[str, tuple[str, float]] = {}
+        # An OrderedDict, not a dict: the oldest entry is dropped on nearly every hand-over,
+        # and a dict's first key is found by stepping over every slot deleted before it (16 us
+        # a call with a minute of orders at 1,000/s, against 0.7 us here).
+        self._handed_over: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     async def aclose(self) -> None:
         """Stop listening for pushes and replies (the clients stay open: their owner closes
@@ -355,7 +359,7 @@ class RedisOrderQueue:
         now = asyncio.get_running_loop().time()
         handed_over = self._handed_over
         # oldest first (insertion order): drop the lapsed ones from the front, without
-        # copying the dict (it holds a minute of orders)
+        # copying the mapping (it holds a minute of orders)
         while handed_over:
             oldest = next(iter(handed_over))
             if handed_over[oldest][1] > now:
