@@ -33,6 +33,7 @@ from redis.backoff import ExponentialBackoff
 
 from tradecore_adapters.redis.errors import unavailable_on_failure
 from tradecore_adapters.redis.keys import DEFAULT_SHARDS, check_shards
+from tradecore_adapters.redis.packing import hiredis_packing
 
 T = TypeVar("T")
 
@@ -143,7 +144,8 @@ def connect(
     connection idle longer than ``health_check_interval_s`` is pinged before use. A command
     is retried ``retries`` times after a connection error only, never after a read timeout,
     so a write that may have been applied is not sent twice. Nothing connects until the first
-    command. Closing the client closes its pool.
+    command. Closing the client closes its pool. Commands are packed by hiredis
+    (``packing``); a cluster client keeps redis-py's packer.
     """
     pool = BlockingConnectionPool.from_url(
         url,
@@ -159,6 +161,7 @@ def connect(
         ),
         decode_responses=True,
     )
+    pool.connection_class = hiredis_packing(pool.connection_class)  # before any connects
     return Redis.from_pool(pool)
 
 
