@@ -14,7 +14,7 @@ from tradecore.orders import Side
 from tradecore.ports.broker import BrokerAccount, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
-from tradecore_adapters.brokers.persistent import PersistentPaperBrokerFactory
+from tradecore_adapters.brokers.persistent import FINISHED_IN_MEMORY, PersistentPaperBrokerFactory
 from tradecore_adapters.memory.documents import MemoryDocumentStore
 
 ACCOUNT = "acct-1"
@@ -219,3 +219,69 @@ async def test_a_fresh_placement_skips_the_look_up_and_a_repeat_still_finds_the_
     assert repeated == placed
     assert f"paper:live:{ACCOUNT}:order:ord-8-entry" in store.loaded
     assert await again.positions() == {"BTCUSDT": Decimal(1)}
+
+
+def finished_in_memory(exchange: PaperExchange) -> set[str]:
+    snapshot = exchange.snapshot()
+    orders = snapshot["accounts"][ACCOUNT]["orders"]
+    return {cid for cid, order in orders.items() if order["status"] != "pending"}
+
+
+async def test_a_long_running_host_keeps_only_its_latest_finished_orders_in_memory() -> None:
+    store, clock = LoadCountingStore(), FakeClock()
+    exchange, factory = host(store, clock)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await broker.connect()
+    placed = []
+    for n in range(FINISHED_IN_MEMORY + 40):  # entries and exits in turn
+        side = Side.BUY if n % 2 == 0 else Side.SELL
+        placed.append(await broker.place_order(f"ord-{n}", "BTCUSDT", side, Decimal(1)))
+    balance = exchange.balance(ACCOUNT)
+
+    kept = finished_in_memory(exchange)
+    assert kept == {f"ord-{n}" for n in range(40, FINISHED_IN_MEMORY + 40)}
+
+    # an order no longer in memory is still answered, from the store, and never placed again
+    store.loaded.clear()
+    assert await broker.order_status("ord-0", "BTCUSDT") == placed[0]
+    assert await broker.place_order("ord-1", "BTCUSDT", Side.SELL, Decimal(1)) == placed[1]
+    assert store.loaded == [f"paper:live:{ACCOUNT}:order:ord-{n}" for n in (0, 1)]
+    assert exchange.balance(ACCOUNT) == balance
+    assert await broker.positions() == {}
+
+
+async def test_an_open_order_stays_in_memory_however_old() -> None:
+    store, clock = MemoryDocumentStore(), FakeClock()
+    exchange, factory = host(store, clock)
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await broker.connect()
+    exchange.delay_next_fill(None)  # rests until cancelled
+    await broker.place_order("resting", "BTCUSDT", Side.BUY, Decimal(1))
+    for n in range(FINISHED_IN_MEMORY + 5):
+        side = Side.SELL if n % 2 == 0 else Side.BUY
+        await broker.place_order(f"ord-{n}", "BTCUSDT", side, Decimal(1))
+
+    assert exchange.knows_order(ACCOUNT, "resting")
+    assert len(finished_in_memory(exchange)) == FINISHED_IN_MEMORY
+
+
+async def test_a_save_one_connection_failed_is_made_good_by_another_of_the_account() -> None:
+    store, clock = CountingStore(), FakeClock()
+    _, factory = host(store, clock)
+    first = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await first.connect()
+    store.fail_next = True
+    with pytest.raises(DatabaseUnavailable):
+        await first.place_order("ord-9-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    # the worker re-opened its connection (say, with new credentials) and goes on
+    second = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await second.connect()
+    await second.place_order("ord-10-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    _, restarted = host(store, clock)
+    after = restarted.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await after.connect()
+    earlier = await after.order_status("ord-9-entry", "BTCUSDT")
+    assert earlier is not None and earlier.status is BrokerOrderStatus.FILLED
+    assert await after.positions() == {"BTCUSDT": Decimal(2)}

@@ -260,6 +260,16 @@ class PaperExchange:
         order = converter.structure(dict(data), PaperOrder)
         self._account(account_id).orders[order.client_order_id] = order
 
+    def forget_finished(self, account_id: str, keep: int) -> None:
+        """Drop the account's finished orders but the ``keep`` placed last. For a caller that
+        has saved them elsewhere and recalls them from there when asked again
+        (``PersistentPaperBroker``): a finished order never changes, and open orders, cash
+        and holdings are untouched."""
+        orders = self._account(account_id).orders
+        finished = [cid for cid, order in orders.items() if not order.is_open]
+        for cid in finished[: max(0, len(finished) - keep)]:
+            del orders[cid]
+
     def knows_order(self, account_id: str, client_order_id: str) -> bool:
         return client_order_id in self._account(account_id).orders
 

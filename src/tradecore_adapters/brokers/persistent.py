@@ -10,6 +10,12 @@ changed (the order and the book, in one atomic write) before it returns; a call 
 nothing (an order placed again, the status of a settled order) writes nothing. A save that
 failed is retried by the next call, changed or not, so the store catches up with what this
 process holds.
+
+Memory stays bounded however long the process runs: once everything is saved, an account
+keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` finished ones (a fill
+check comes seconds after its placement and finds its order there); an older finished order
+is recalled from the store when asked for again. Before this, every order a worker host had
+ever placed stayed in memory, and each save scanned them all for the open ones.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
 
+FINISHED_IN_MEMORY = 64
+"""Finished orders per account kept in memory after they were saved (module doc)."""
+
 
 class PersistentPaperBroker:
     """A PaperBroker on ``exchange`` whose account state lives in ``store``."""
@@ -41,6 +50,7 @@ class PersistentPaperBroker:
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
         prices: PriceSource | None = None,
+        unsaved: set[str] | None = None,
     ) -> None:
         self._exchange = exchange
         self._store = store
@@ -50,7 +60,9 @@ class PersistentPaperBroker:
         )
         self._prefix = f"paper:{book}:{account_id}"
         self._loaded = False
-        self._unsaved: set[str] = set()  # orders whose save failed, saved with the next call
+        # Orders whose save failed, saved with the next call. The factory gives every broker
+        # of one book and account the same set, so any of them catches up on the others'.
+        self._unsaved: set[str] = set() if unsaved is None else unsaved
 
     @property
     def name(self) -> str:
@@ -123,9 +135,11 @@ class PersistentPaperBroker:
         try:
             await self._store.save_many(documents)
         except BaseException:
-            self._unsaved = pending
+            self._unsaved.update(pending)
             raise
-        self._unsaved = set()
+        self._unsaved.difference_update(pending)
+        if not self._unsaved:  # all this process changed is saved: finished orders recallable
+            self._exchange.forget_finished(self._account_id, FINISHED_IN_MEMORY)
 
     def _order_key(self, client_order_id: str) -> str:
         return f"{self._prefix}:order:{client_order_id}"
@@ -153,19 +167,22 @@ class PersistentPaperBrokerFactory:
         self._conditions = conditions
         self._sleeper = sleeper
         self._prices = prices
+        self._unsaved: dict[tuple[str, str], set[str]] = {}
 
     def open(self, account: BrokerAccount, *, simulation: bool) -> PersistentPaperBroker:
         if not simulation and account.broker_name != PAPER:
             raise ValueError(f"unknown broker {account.broker_name!r}")
+        book = "simulation" if simulation else "live"
         return PersistentPaperBroker(
             self._simulation_exchange if simulation else self._exchange,
             self._store,
             account.trading_account_id,
             self._clock,
-            book="simulation" if simulation else "live",
+            book=book,
             conditions=self._conditions,
             sleeper=self._sleeper,
             prices=self._prices,
+            unsaved=self._unsaved.setdefault((book, account.trading_account_id), set()),
         )
 
     def venues(self) -> frozenset[str]:
