@@ -233,13 +233,15 @@ async def test_a_long_running_host_keeps_only_its_latest_finished_orders_in_memo
     broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     placed = []
-    for n in range(FINISHED_IN_MEMORY + 40):  # entries and exits in turn
+    for n in range(2 * FINISHED_IN_MEMORY + 40):  # entries and exits in turn
         side = Side.BUY if n % 2 == 0 else Side.SELL
         placed.append(await broker.place_order(f"ord-{n}", "BTCUSDT", side, Decimal(1)))
     balance = exchange.balance(ACCOUNT)
 
     kept = finished_in_memory(exchange)
-    assert kept == {f"ord-{n}" for n in range(40, FINISHED_IN_MEMORY + 40)}
+    latest = {f"ord-{n}" for n in range(FINISHED_IN_MEMORY + 40, 2 * FINISHED_IN_MEMORY + 40)}
+    assert latest <= kept and len(kept) <= 2 * FINISHED_IN_MEMORY
+    assert {"ord-0", "ord-1"}.isdisjoint(kept)
 
     # an order no longer in memory is still answered, from the store, and never placed again
     store.loaded.clear()
@@ -257,12 +259,12 @@ async def test_an_open_order_stays_in_memory_however_old() -> None:
     await broker.connect()
     exchange.delay_next_fill(None)  # rests until cancelled
     await broker.place_order("resting", "BTCUSDT", Side.BUY, Decimal(1))
-    for n in range(FINISHED_IN_MEMORY + 5):
+    for n in range(3 * FINISHED_IN_MEMORY):
         side = Side.SELL if n % 2 == 0 else Side.BUY
         await broker.place_order(f"ord-{n}", "BTCUSDT", side, Decimal(1))
 
     assert exchange.knows_order(ACCOUNT, "resting")
-    assert len(finished_in_memory(exchange)) == FINISHED_IN_MEMORY
+    assert len(finished_in_memory(exchange)) <= 2 * FINISHED_IN_MEMORY
 
 
 async def test_a_save_one_connection_failed_is_made_good_by_another_of_the_account() -> None:

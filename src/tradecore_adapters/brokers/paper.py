@@ -261,11 +261,15 @@ class PaperExchange:
         self._account(account_id).orders[order.client_order_id] = order
 
     def forget_finished(self, account_id: str, keep: int) -> None:
-        """Drop the account's finished orders but the ``keep`` placed last. For a caller that
+        """Once the account holds more than twice ``keep`` orders, drop its finished ones but
+        the ``keep`` placed last: the account then holds between ``keep`` and twice ``keep``
+        finished orders, and the scan runs about once every ``keep`` calls. For a caller that
         has saved them elsewhere and recalls them from there when asked again
         (``PersistentPaperBroker``): a finished order never changes, and open orders, cash
         and holdings are untouched."""
         orders = self._account(account_id).orders
+        if len(orders) <= 2 * keep:
+            return
         finished = [cid for cid, order in orders.items() if not order.is_open]
         for cid in finished[: max(0, len(finished) - keep)]:
             del orders[cid]

@@ -8,14 +8,15 @@ the caller declares ``fresh`` (never placed before anywhere, see ``Broker.place_
 that look-up: there is nothing stored to find. Every call that changes state saves what it
 changed (the order and the book, in one atomic write) before it returns; a call that changes
 nothing (an order placed again, the status of a settled order) writes nothing. A save that
-failed is retried by the next call, changed or not, so the store catches up with what this
-process holds.
+failed is retried by the next call to the same account, changed or not and through whichever
+connection, so the store catches up with what this process holds.
 
 Memory stays bounded however long the process runs: once everything is saved, an account
-keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` finished ones (a fill
-check comes seconds after its placement and finds its order there); an older finished order
-is recalled from the store when asked for again. Before this, every order a worker host had
-ever placed stayed in memory, and each save scanned them all for the open ones.
+keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` to twice that many
+finished ones (a fill check comes seconds after its placement and finds its order there);
+an older finished order is recalled from the store when asked for again. Before this, every
+order a worker host had ever placed stayed in memory, and each save scanned them all for the
+open ones.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from tradecore.ports.runtime import Clock, Sleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
 
-FINISHED_IN_MEMORY = 64
-"""Finished orders per account kept in memory after they were saved (module doc)."""
+FINISHED_IN_MEMORY = 32
+"""Finished orders per account kept in memory after they were saved, at least (module doc):
+the scan that forgets older ones runs once the account holds twice as many orders."""
 
 
 class PersistentPaperBroker:
