@@ -17,6 +17,7 @@ SERVER_MODULES: tuple[str, ...] = (
     "aiohttp",
     "aiohttp_jinja2",
     "redis",
+    "orjson",
     "psycopg",
     "psycopg_pool",
     "jwt",
