@@ -9,6 +9,7 @@ import sys
 FORBIDDEN = {
     "aiohttp",
     "redis",
+    "orjson",
     "psycopg",
     "psycopg_pool",
     "jwt",
