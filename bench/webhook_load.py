@@ -35,7 +35,6 @@ import ctypes
 import json
 import os
 import platform
-import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,7 +45,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from lean_http import LeanClient, ProtocolError
-from wrk_runner import errors_of, run_wrk, wrk_binary
+from wrk_runner import closed_loop as wrk_closed_loop
 
 SYMBOL = "BTCUSDT"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -508,39 +507,16 @@ async def closed_loop(args: argparse.Namespace, document: dict[str, Any]) -> dic
 def wrk_loop(args: argparse.Namespace, document: dict[str, Any]) -> dict[str, Any]:
     """The closed loop driven by wrk (a C client) with bench/webhook.lua: a warm-up run, then
     the measured one."""
-
-    def run(seconds: float) -> dict[str, Any]:
-        return run_wrk(
-            document["accounts"],
-            document["base_url"],
-            threads=args.threads,
-            concurrency=args.concurrency,
-            seconds=seconds,
-            timeout_s=args.timeout,
-        )
-
-    def children_seconds() -> float:
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return usage.ru_utime + usage.ru_stime
-
-    wrk_binary()
-    if args.warmup >= 1:
-        run(args.warmup)
-    cpu = CpuMeter(document["pid"], children_seconds)
-    cpu.mark()
-    measured = run(args.duration)
-    cpu.mark()
-    errors, kinds = errors_of(measured)
-    return {
-        "requests": measured["requests"],
-        "errors": errors,
-        "error_kinds": kinds,
-        "achieved_rate_per_s": measured["rate_per_s"],
-        "latency_ms": measured["latency_ms"],
-        "concurrency": args.concurrency,
-        "client": f"wrk -t{args.threads}",
-        **cpu.report(),
-    }
+    return wrk_closed_loop(
+        document["accounts"],
+        document["base_url"],
+        threads=args.threads,
+        concurrency=args.concurrency,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        timeout_s=args.timeout,
+        meter=lambda client_seconds: CpuMeter(document["pid"], client_seconds),
+    )
 
 
 def machine() -> dict[str, Any]:

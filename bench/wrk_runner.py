@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 SCRIPT = Path(__file__).resolve().parent / "webhook.lua"
@@ -67,3 +68,62 @@ def errors_of(measured: dict[str, Any]) -> tuple[int, dict[str, int]]:
     """The errors of a ``run_wrk`` result: their count and their kinds."""
     kinds = {k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]}
     return sum(kinds.values()), kinds
+
+
+class Meter(Protocol):
+    """CPU over a window: ``mark`` at its start and end, then ``report`` (JSON-ready)."""
+
+    def mark(self) -> None: ...
+
+    def report(self) -> dict[str, float]: ...
+
+
+def children_seconds() -> float:
+    """CPU seconds of this process's finished children (the wrk runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def closed_loop(
+    accounts: Sequence[dict[str, str]],
+    base_url: str,
+    *,
+    threads: int,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    timeout_s: float,
+    meter: Callable[[Callable[[], float]], Meter],
+) -> dict[str, Any]:
+    """A warm-up run (when ``warmup_s`` is a second or more), then the measured one, its CPU
+    read by ``meter(children_seconds)`` (wrk's own CPU is that of the finished children): the
+    result as the benchmarks report a closed-loop step."""
+
+    def run(seconds: float) -> dict[str, Any]:
+        return run_wrk(
+            accounts,
+            base_url,
+            threads=threads,
+            concurrency=concurrency,
+            seconds=seconds,
+            timeout_s=timeout_s,
+        )
+
+    wrk_binary()
+    if warmup_s >= 1:
+        run(warmup_s)
+    cpu = meter(children_seconds)
+    cpu.mark()
+    measured = run(duration_s)
+    cpu.mark()
+    errors, kinds = errors_of(measured)
+    return {
+        "requests": measured["requests"],
+        "errors": errors,
+        "error_kinds": kinds,
+        "achieved_rate_per_s": measured["rate_per_s"],
+        "latency_ms": measured["latency_ms"],
+        "concurrency": concurrency,
+        "client": f"wrk -t{threads}",
+        **cpu.report(),
+    }

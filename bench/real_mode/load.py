@@ -22,7 +22,6 @@ one request at a time, so positions and margin stay bounded. Anything but 200 wi
 from __future__ import annotations
 
 import asyncio
-import resource
 import secrets
 import sys
 import time
@@ -36,7 +35,7 @@ import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from wrk_runner import errors_of, run_wrk
+from wrk_runner import closed_loop as wrk_closed_loop
 
 SYMBOL = "BTCUSDT"
 TIMEOUT_S = 10.0
@@ -315,40 +314,16 @@ def closed_loop_wrk(
     The accounts' state here (``Account.open_quantity``) is neither read nor changed: wrk
     opens before it exits (``wrk_runner``), so what it leaves is a longer position, which
     this client's next exit still finds."""
-    documents = [{"webhook_url": a.url, "webhook_secret": a.secret} for a in accounts]
-    base_url = accounts[0].url.split("/webhook/", 1)[0]
-
-    def run(seconds: float) -> dict[str, Any]:
-        return run_wrk(
-            documents,
-            base_url,
-            threads=threads,
-            concurrency=concurrency,
-            seconds=seconds,
-            timeout_s=TIMEOUT_S,
-        )
-
-    def children_seconds() -> float:
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return usage.ru_utime + usage.ru_stime
-
-    if warmup_s >= 1:
-        run(warmup_s)
-    cpu = CpuMeter(pids, children_seconds)
-    cpu.mark()
-    measured = run(duration_s)
-    cpu.mark()
-    errors, kinds = errors_of(measured)
-    return {
-        "requests": measured["requests"],
-        "errors": errors,
-        "error_kinds": kinds,
-        "achieved_rate_per_s": measured["rate_per_s"],
-        "latency_ms": measured["latency_ms"],
-        "concurrency": concurrency,
-        "client": f"wrk -t{threads}",
-        **cpu.report(),
-    }
+    return wrk_closed_loop(
+        [{"webhook_url": a.url, "webhook_secret": a.secret} for a in accounts],
+        accounts[0].url.split("/webhook/", 1)[0],
+        threads=threads,
+        concurrency=concurrency,
+        warmup_s=warmup_s,
+        duration_s=duration_s,
+        timeout_s=TIMEOUT_S,
+        meter=lambda client_seconds: CpuMeter(pids, client_seconds),
+    )
 
 
 async def cold_orders(accounts: Sequence[Account], pause_s: float = 0.02) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 
 from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.orders import Side
-from tradecore.ports.broker import BrokerAccount, BrokerOrderStatus
+from tradecore.ports.broker import Broker, BrokerAccount, BrokerOrderStatus
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.persistent import FINISHED_IN_MEMORY, PersistentPaperBrokerFactory
@@ -172,14 +172,22 @@ async def test_a_poll_that_moves_an_open_order_is_saved() -> None:
     assert filled is not None and filled.status is BrokerOrderStatus.FILLED
 
 
-async def test_a_failed_save_is_made_good_by_the_next_call() -> None:
+async def save_failed(
+    client_order_id: str,
+) -> tuple[CountingStore, FakeClock, PersistentPaperBrokerFactory, Broker]:
+    """A host whose broker placed ``client_order_id`` (a buy of 1) but could not save it."""
     store, clock = CountingStore(), FakeClock()
     _, factory = host(store, clock)
     broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     await broker.connect()
     store.fail_next = True
     with pytest.raises(DatabaseUnavailable):
-        await broker.place_order("ord-7-entry", "BTCUSDT", Side.BUY, Decimal(1))
+        await broker.place_order(client_order_id, "BTCUSDT", Side.BUY, Decimal(1))
+    return store, clock, factory, broker
+
+
+async def test_a_failed_save_is_made_good_by_the_next_call() -> None:
+    store, _, _, broker = await save_failed("ord-7-entry")
 
     assert await store.load(f"paper:live:{ACCOUNT}:order:ord-7-entry") is None
 
@@ -268,13 +276,7 @@ async def test_an_open_order_stays_in_memory_however_old() -> None:
 
 
 async def test_a_save_one_connection_failed_is_made_good_by_another_of_the_account() -> None:
-    store, clock = CountingStore(), FakeClock()
-    _, factory = host(store, clock)
-    first = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
-    await first.connect()
-    store.fail_next = True
-    with pytest.raises(DatabaseUnavailable):
-        await first.place_order("ord-9-entry", "BTCUSDT", Side.BUY, Decimal(1))
+    store, clock, factory, _ = await save_failed("ord-9-entry")
 
     # the worker re-opened its connection (say, with new credentials) and goes on
     second = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
