@@ -320,6 +320,11 @@ class Wakeups:
         return event
 
     @property
+    def listening(self) -> bool:
+        """A watch has started the listener and it runs."""
+        return self._listener is not None and not self._listener.done()
+
+    @property
     def watched(self) -> int:
         """Names with at least one watcher now."""
         return len(self._watchers)
@@ -332,6 +337,7 @@ class Wakeups:
         recheck_s: float | Callable[[], float] | None = None,
         *,
         look_at_deadline: bool = True,
+        watching: asyncio.Event | None = None,
     ) -> T | None:
         """What ``look()`` finds (not None), looking again at each wake-up of ``name`` and at
         least every ``recheck_s`` (or what it answers after each look: a queue whose look
@@ -342,18 +348,29 @@ class Wakeups:
         A wait that reaches the deadline with no wake-up looks a last time only with
         ``look_at_deadline``: a waiter whose wake-up may be lost wants it (a reply), while
         thousands of idle workers polling their lists must not each cost a round trip per
-        timeout."""
+        timeout.
+        ``watching``: an event of ``watch(name)`` the caller registered when the store last
+        showed nothing to find (in the same atomic step as a write of its own); the wait
+        takes it over (and unwatches it), and skips the first look unless a wake-up has come
+        since, saving the round trip that would find nothing."""
         if timeout_s <= 0:
+            if watching is not None:
+                self.unwatch(name, watching)
             return await look()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        event = self.watch(name)
+        event = self.watch(name) if watching is None else watching
+        known_empty = watching is not None
         try:
             while True:
-                event.clear()
-                found = await look()
-                if found is not None:
-                    return found
+                if known_empty and not event.is_set():
+                    known_empty = False  # nothing came since the store showed nothing: wait
+                else:
+                    known_empty = False
+                    event.clear()
+                    found = await look()
+                    if found is not None:
+                        return found
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None

@@ -38,6 +38,7 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import attrs
 from redis.crc import key_slot
@@ -68,6 +69,9 @@ _RECHECK_S = 30.0
 """Longest wait of ``take`` without looking at the list. A wake-up is lost only while the
 listener reconnects, and every watcher is woken when it has (``Wakeups``); this bounds the
 wait should that ever fail, without making thousands of idle workers poll."""
+_FOUND_EMPTY_KEPT = 10_000
+"""Most users whose next take may skip its first look (``RedisOrderQueue.complete``); a
+user beyond it only looks once more."""
 _START = "start"
 """The one wake-up name on the start-request channel."""
 _ACTIVE_POLL_FIRST_S = 0.001
@@ -131,12 +135,12 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
-# KEYS: reply, in-flight list. ARGV: result payload, reply ttl in ms, request payload, request
-# id. Replace the reply (a list of one), set its TTL, drop the request from the in-flight list,
-# and publish "{request id} {result payload}" on the request's reply channel, if it names
-# one. The codec writes reply_to last: an addressed payload is the bare one with
-# ',"reply_to":"..."' before its closing brace (a quote inside a JSON string is escaped, so no
-# other field can end that way).
+# KEYS: reply, in-flight list, request list. ARGV: result payload, reply ttl in ms, request
+# payload, request id. Replace the reply (a list of one), set its TTL, drop the request from
+# the in-flight list, publish "{request id} {result payload}" on the request's reply channel,
+# if it names one, and return the number of requests waiting. The codec writes reply_to
+# last: an addressed payload is the bare one with ',"reply_to":"..."' before its closing brace
+# (a quote inside a JSON string is escaped, so no other field can end that way).
 # The in-flight entry is found by its text; failing that (the caller's copy and the entry
 # differ in their address only), by its bare text, with or without an address.
 _COMPLETE = """
@@ -159,7 +163,7 @@ if redis.call('LREM', KEYS[2], 1, ARGV[3]) == 0 then
   end
 end
 if channel then redis.call('PUBLISH', channel, ARGV[4] .. ' ' .. ARGV[1]) end
-return 1
+return redis.call('LLEN', KEYS[3])
 """
 
 # A lease is the mark's value "{holder}:{token}"; the token is the digits after the last colon
@@ -301,6 +305,10 @@ class RedisOrderQueue:
         # and a dict's first key is found by stepping over every slot deleted before it (16 us
         # a call with a minute of orders at 1,000/s, against 0.7 us here).
         self._handed_over: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # user id -> the wake-up watcher ``complete`` registered when it found no request
+        # waiting, for the user's next ``take`` (oldest first, at most _FOUND_EMPTY_KEPT:
+        # a worker that stops after its last complete never takes it).
+        self._found_empty: OrderedDict[str, asyncio.Event] = OrderedDict()
 
     async def aclose(self) -> None:
         """Stop listening for pushes and replies (the clients stay open: their owner closes
@@ -406,24 +414,63 @@ class RedisOrderQueue:
             return await self._move_oldest(user_id)
 
         return await self._wakeups.look_until(
-            user_id, look, timeout_s, _RECHECK_S, look_at_deadline=False
+            user_id,
+            look,
+            timeout_s,
+            _RECHECK_S,
+            look_at_deadline=False,
+            watching=self._found_empty.pop(user_id, None),
         )
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
-        with unavailable_on_failure("complete"):
-            await self._batch.script(
-                self._complete,
-                [
-                    response_key(request.user_id, request.request_id),
-                    processing_key(request.user_id),
-                ],
-                [
-                    encode_result(result),
-                    _ms(REPLY_TTL_S),
-                    encode_request(request),
-                    request.request_id,
-                ],
-            )
+        """The port's ``complete``. The script also answers how many requests wait; when
+        none does, the worker's next ``take`` waits for a push before its first look (a
+        push after the script wakes the watcher registered before it was sent), instead of
+        spending a round trip to find the list empty. Only where takes already listen for
+        pushes (a worker host): a complete alone starts no listener."""
+        user_id = request.user_id
+        if not self._wakeups.listening:
+            with unavailable_on_failure("complete"):
+                await self._batch.script(self._complete, *self._complete_call(request, result))
+            return
+        watcher = self._wakeups.watch(user_id)
+        try:
+            with unavailable_on_failure("complete"):
+                waiting = await self._batch.script(
+                    self._complete, *self._complete_call(request, result)
+                )
+        except BaseException:
+            self._wakeups.unwatch(user_id, watcher)
+            raise
+        self._forget_found_empty(user_id)
+        if int(waiting) > 0:
+            self._wakeups.unwatch(user_id, watcher)
+            return
+        self._found_empty[user_id] = watcher
+        while len(self._found_empty) > _FOUND_EMPTY_KEPT:  # workers that stopped after it
+            self._forget_found_empty(next(iter(self._found_empty)))
+
+    @staticmethod
+    def _complete_call(request: OrderRequest, result: OrderResult) -> tuple[list[str], list[Any]]:
+        """The complete script's keys and arguments."""
+        user_id = request.user_id
+        keys = [
+            response_key(user_id, request.request_id),
+            processing_key(user_id),
+            requests_key(user_id),
+        ]
+        args = [
+            encode_result(result),
+            _ms(REPLY_TTL_S),
+            encode_request(request),
+            request.request_id,
+        ]
+        return keys, args
+
+    def _forget_found_empty(self, user_id: str) -> None:
+        watcher = self._found_empty.pop(user_id, None)
+        if watcher is not None:
+            self._wakeups.unwatch(user_id, watcher)
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
         with unavailable_on_failure("in-flight list"):

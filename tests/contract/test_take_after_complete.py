@@ -1,0 +1,108 @@
+"""A worker's next take after a complete that left nothing waiting: it spends no round trip
+to find the list empty, and a request pushed at any moment after the complete still reaches
+it at once (the watcher is registered before the complete is sent)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis_fixtures import order_request, order_result
+
+from tradecore.orders import OrderRequest
+from tradecore_adapters.redis import RedisConnections, RedisOrderQueue
+
+pytestmark = pytest.mark.redis
+
+USER = "u1"
+
+
+class CountedQueue(RedisOrderQueue):
+    """Counts the looks at the request list (each an LMOVE round trip)."""
+
+    looks = 0
+
+    async def _move_oldest(self, user_id: str) -> OrderRequest | None:
+        self.looks += 1
+        return await super()._move_oldest(user_id)
+
+
+async def _worker_queue(connections: RedisConnections) -> CountedQueue:
+    """A worker host's queue: its takes listen for pushes (one took already)."""
+    queue = CountedQueue(connections)
+    assert await queue.take(USER, 0.01) is None
+    assert queue._wakeups.listening
+    return queue
+
+
+async def _executed(queue: CountedQueue, request_id: str) -> OrderRequest:
+    """``request_id`` parked (pushed, whatever the lease), taken and completed."""
+    await queue.park(order_request(request_id, USER))
+    taken = await queue.take(USER, 1.0)
+    assert taken is not None and taken.request_id == request_id
+    await queue.complete(taken, order_result(taken))
+    return taken
+
+
+async def test_a_take_after_a_complete_with_nothing_waiting_does_not_look_until_woken(
+    redis_connections: RedisConnections,
+) -> None:
+    queue = await _worker_queue(redis_connections)
+    await _executed(queue, "r1")
+    queue.looks = 0
+
+    assert await queue.take(USER, 0.05) is None
+    assert queue.looks == 0  # the complete's answer said empty, and nothing was pushed
+
+    assert await queue.take(USER, 0.01) is None
+    assert queue.looks == 1  # a later take looks first, as before
+    await queue.aclose()
+
+
+async def test_a_request_pushed_after_the_complete_is_taken_with_one_look(
+    redis_connections: RedisConnections,
+) -> None:
+    queue = await _worker_queue(redis_connections)
+    await _executed(queue, "r1")
+    await queue.park(order_request("r2", USER))  # between the complete and the take
+    await asyncio.sleep(0)
+    queue.looks = 0
+
+    async with asyncio.timeout(5):
+        taken = await queue.take(USER, 30.0)
+    assert taken is not None and taken.request_id == "r2"
+    assert queue.looks == 1  # woken (before or during the take), then one look
+    await queue.aclose()
+
+
+async def test_a_request_pushed_while_the_take_waits_wakes_it(
+    redis_connections: RedisConnections,
+) -> None:
+    queue = await _worker_queue(redis_connections)
+    await _executed(queue, "r1")
+    take = asyncio.create_task(queue.take(USER, 30.0))
+    await asyncio.sleep(0.01)
+    assert not take.done()
+    await queue.park(order_request("r2", USER))
+
+    async with asyncio.timeout(5):
+        taken = await take
+    assert taken is not None and taken.request_id == "r2"
+    await queue.aclose()
+
+
+async def test_a_request_already_waiting_at_the_complete_is_taken_at_once(
+    redis_connections: RedisConnections,
+) -> None:
+    queue = await _worker_queue(redis_connections)
+    await queue.park(order_request("r1", USER))
+    await queue.park(order_request("r2", USER))
+    first = await queue.take(USER, 1.0)
+    assert first is not None
+    await queue.complete(first, order_result(first))  # r2 waits: no skipping
+    queue.looks = 0
+
+    taken = await queue.take(USER, 0.01)
+    assert taken is not None and taken.request_id == "r2"
+    assert queue.looks == 1
+    await queue.aclose()
