@@ -360,17 +360,16 @@ class Wakeups:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         event = self.watch(name) if watching is None else watching
-        known_empty = watching is not None
+        # nothing came since the store showed nothing: wait before the first look
+        skip_look = watching is not None and not watching.is_set()
         try:
             while True:
-                if known_empty and not event.is_set():
-                    known_empty = False  # nothing came since the store showed nothing: wait
-                else:
-                    known_empty = False
+                if not skip_look:
                     event.clear()
                     found = await look()
                     if found is not None:
                         return found
+                skip_look = False
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None

@@ -38,7 +38,6 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import attrs
 from redis.crc import key_slot
@@ -429,19 +428,29 @@ class RedisOrderQueue:
         spending a round trip to find the list empty. Only where takes already listen for
         pushes (a worker host): a complete alone starts no listener."""
         user_id = request.user_id
-        if not self._wakeups.listening:
-            with unavailable_on_failure("complete"):
-                await self._batch.script(self._complete, *self._complete_call(request, result))
-            return
-        watcher = self._wakeups.watch(user_id)
+        watcher = self._wakeups.watch(user_id) if self._wakeups.listening else None
         try:
             with unavailable_on_failure("complete"):
                 waiting = await self._batch.script(
-                    self._complete, *self._complete_call(request, result)
+                    self._complete,
+                    [
+                        response_key(user_id, request.request_id),
+                        processing_key(user_id),
+                        requests_key(user_id),
+                    ],
+                    [
+                        encode_result(result),
+                        _ms(REPLY_TTL_S),
+                        encode_request(request),
+                        request.request_id,
+                    ],
                 )
         except BaseException:
-            self._wakeups.unwatch(user_id, watcher)
+            if watcher is not None:
+                self._wakeups.unwatch(user_id, watcher)
             raise
+        if watcher is None:
+            return
         self._forget_found_empty(user_id)
         if int(waiting) > 0:
             self._wakeups.unwatch(user_id, watcher)
@@ -449,23 +458,6 @@ class RedisOrderQueue:
         self._found_empty[user_id] = watcher
         while len(self._found_empty) > _FOUND_EMPTY_KEPT:  # workers that stopped after it
             self._forget_found_empty(next(iter(self._found_empty)))
-
-    @staticmethod
-    def _complete_call(request: OrderRequest, result: OrderResult) -> tuple[list[str], list[Any]]:
-        """The complete script's keys and arguments."""
-        user_id = request.user_id
-        keys = [
-            response_key(user_id, request.request_id),
-            processing_key(user_id),
-            requests_key(user_id),
-        ]
-        args = [
-            encode_result(result),
-            _ms(REPLY_TTL_S),
-            encode_request(request),
-            request.request_id,
-        ]
-        return keys, args
 
     def _forget_found_empty(self, user_id: str) -> None:
         watcher = self._found_empty.pop(user_id, None)
