@@ -52,7 +52,7 @@ class PersistentPaperBroker:
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
         prices: PriceSource | None = None,
-        unsaved: set[str] | None = None,
+        unsaved: set[str],
     ) -> None:
         self._exchange = exchange
         self._store = store
@@ -64,7 +64,7 @@ class PersistentPaperBroker:
         self._loaded = False
         # Orders whose save failed, saved with the next call. The factory gives every broker
         # of one book and account the same set, so any of them catches up on the others'.
-        self._unsaved: set[str] = set() if unsaved is None else unsaved
+        self._unsaved = unsaved
 
     @property
     def name(self) -> str:

@@ -12,6 +12,7 @@ are read as ``Decimal``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -35,13 +36,11 @@ async def read_body(request: web.Request, limit: int, *, truncate: bool = False)
     if declared is not None and declared > limit and not truncate:
         raise fail(413, "body_too_large", f"Request body larger than {limit} bytes")
     try:
-        if request.content.is_eof():
-            # all of it has arrived (a small body comes with its headers): no read can wait,
-            # so no timer (arming one is a measurable share of a webhook's CPU)
+        # All of it may have arrived (a small body comes with its headers): then no read can
+        # wait, so no timer (arming one is a measurable share of a webhook's CPU).
+        arrived = request.content.is_eof()
+        async with contextlib.nullcontext() if arrived else asyncio.timeout(BODY_READ_TIMEOUT_S):
             body = await _read_upto(request, limit)
-        else:
-            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
-                body = await _read_upto(request, limit)
     except TimeoutError:
         request.protocol.close()  # no further request on this connection
         raise fail(
