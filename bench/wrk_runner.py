@@ -64,12 +64,6 @@ def run_wrk(
     return result
 
 
-def errors_of(measured: dict[str, Any]) -> tuple[int, dict[str, int]]:
-    """The errors of a ``run_wrk`` result: their count and their kinds."""
-    kinds = {k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]}
-    return sum(kinds.values()), kinds
-
-
 class Meter(Protocol):
     """CPU over a window: ``mark`` at its start and end, then ``report`` (JSON-ready)."""
 
@@ -109,17 +103,16 @@ def closed_loop(
             timeout_s=timeout_s,
         )
 
-    wrk_binary()
     if warmup_s >= 1:
         run(warmup_s)
     cpu = meter(children_seconds)
     cpu.mark()
     measured = run(duration_s)
     cpu.mark()
-    errors, kinds = errors_of(measured)
+    kinds = {k: measured[k] for k in ("non_200", "not_filled", "socket_errors") if measured[k]}
     return {
         "requests": measured["requests"],
-        "errors": errors,
+        "errors": sum(kinds.values()),
         "error_kinds": kinds,
         "achieved_rate_per_s": measured["rate_per_s"],
         "latency_ms": measured["latency_ms"],

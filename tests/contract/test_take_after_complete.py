@@ -5,6 +5,7 @@ it at once (the watcher is registered before the complete is sent)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from redis_fixtures import order_request, order_result
@@ -27,12 +28,16 @@ class CountedQueue(RedisOrderQueue):
         return await super()._move_oldest(user_id)
 
 
-async def _worker_queue(connections: RedisConnections) -> CountedQueue:
+@pytest.fixture
+async def queue(redis_connections: RedisConnections) -> AsyncIterator[CountedQueue]:
     """A worker host's queue: its takes listen for pushes (one took already)."""
-    queue = CountedQueue(connections)
+    queue = CountedQueue(redis_connections)
     assert await queue.take(USER, 0.01) is None
     assert queue._wakeups.listening
-    return queue
+    try:
+        yield queue
+    finally:
+        await queue.aclose()
 
 
 async def _executed(queue: CountedQueue, request_id: str) -> OrderRequest:
@@ -45,9 +50,8 @@ async def _executed(queue: CountedQueue, request_id: str) -> OrderRequest:
 
 
 async def test_a_take_after_a_complete_with_nothing_waiting_does_not_look_until_woken(
-    redis_connections: RedisConnections,
+    queue: CountedQueue,
 ) -> None:
-    queue = await _worker_queue(redis_connections)
     await _executed(queue, "r1")
     queue.looks = 0
 
@@ -56,13 +60,11 @@ async def test_a_take_after_a_complete_with_nothing_waiting_does_not_look_until_
 
     assert await queue.take(USER, 0.01) is None
     assert queue.looks == 1  # a later take looks first, as before
-    await queue.aclose()
 
 
 async def test_a_request_pushed_after_the_complete_is_taken_with_one_look(
-    redis_connections: RedisConnections,
+    queue: CountedQueue,
 ) -> None:
-    queue = await _worker_queue(redis_connections)
     await _executed(queue, "r1")
     await queue.park(order_request("r2", USER))  # between the complete and the take
     await asyncio.sleep(0)
@@ -72,13 +74,11 @@ async def test_a_request_pushed_after_the_complete_is_taken_with_one_look(
         taken = await queue.take(USER, 30.0)
     assert taken is not None and taken.request_id == "r2"
     assert queue.looks == 1  # woken (before or during the take), then one look
-    await queue.aclose()
 
 
 async def test_a_request_pushed_while_the_take_waits_wakes_it(
-    redis_connections: RedisConnections,
+    queue: CountedQueue,
 ) -> None:
-    queue = await _worker_queue(redis_connections)
     await _executed(queue, "r1")
     take = asyncio.create_task(queue.take(USER, 30.0))
     await asyncio.sleep(0.01)
@@ -88,13 +88,11 @@ async def test_a_request_pushed_while_the_take_waits_wakes_it(
     async with asyncio.timeout(5):
         taken = await take
     assert taken is not None and taken.request_id == "r2"
-    await queue.aclose()
 
 
 async def test_a_request_already_waiting_at_the_complete_is_taken_at_once(
-    redis_connections: RedisConnections,
+    queue: CountedQueue,
 ) -> None:
-    queue = await _worker_queue(redis_connections)
     await queue.park(order_request("r1", USER))
     await queue.park(order_request("r2", USER))
     first = await queue.take(USER, 1.0)
@@ -105,4 +103,3 @@ async def test_a_request_already_waiting_at_the_complete_is_taken_at_once(
     taken = await queue.take(USER, 0.01)
     assert taken is not None and taken.request_id == "r2"
     assert queue.looks == 1
-    await queue.aclose()
