@@ -131,6 +131,14 @@ def client_order_id(order_id: str, step: BrokerStep) -> str:
     return f"{order_id}-{step.role.value}"
 
 
+def order_of(client_order_id: str) -> str | None:
+    """The order id a ``client_order_id`` was made from, or None for an id not made by it."""
+    order_id, dash, role = client_order_id.rpartition("-")
+    if not dash or not order_id or role not in StepRole.__members__.values():
+        return None
+    return order_id
+
+
 def _required(value: _T | None, message: str) -> _T:
     if value is None:
         raise ValueError(message)

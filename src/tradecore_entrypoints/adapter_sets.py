@@ -308,6 +308,8 @@ class PostgresRedisAdapters(AdapterSet):
         conditions=AdapterSet.core.paper_conditions,
         sleeper=AdapterSet.core.sleeper,
         prices=paper_prices,
+        # a placement's book commits with the order's outcome (one commit fewer per order)
+        with_order=orders,
     )
     # The API reads the books the workers keep, without the simulated latency and faults
     # (PAPER_BROKER_*) that are there to test the workers.

@@ -3,7 +3,7 @@ simulated network conditions (latency, dropped lines)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -289,3 +289,93 @@ async def test_a_save_one_connection_failed_is_made_good_by_another_of_the_accou
     earlier = await after.order_status("ord-9-entry", "BTCUSDT")
     assert earlier is not None and earlier.status is BrokerOrderStatus.FILLED
     assert await after.positions() == {"BTCUSDT": Decimal(2)}
+
+
+class Outcomes:
+    """A ``SavesWithOrder`` over a memory store: each order's waiting save is written when the
+    test says its outcome committed, or dropped when it says the outcome's write failed."""
+
+    def __init__(self, store: MemoryDocumentStore) -> None:
+        self.store = store
+        self.waiting: dict[str, tuple[Callable[[], Mapping[str, Any]], Callable[[], None]]] = {}
+
+    def save_with_order(
+        self,
+        order_id: str,
+        documents: Callable[[], Mapping[str, dict[str, Any]]],
+        saved: Callable[[], None],
+    ) -> None:
+        self.waiting[order_id] = (documents, saved)
+
+    async def committed(self, order_id: str) -> None:
+        documents, saved = self.waiting.pop(order_id)
+        await self.store.save_many(documents())
+        saved()
+
+    def failed(self, order_id: str) -> None:
+        del self.waiting[order_id]
+
+
+def host_saving_with_orders(
+    store: MemoryDocumentStore, clock: FakeClock
+) -> tuple[Outcomes, Broker]:
+    """A fresh process whose placements' saves wait for their orders' outcomes."""
+    outcomes = Outcomes(store)
+    factory = PersistentPaperBrokerFactory(
+        PaperExchange(), PaperExchange(), store, clock, with_order=outcomes
+    )
+    return outcomes, factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+
+
+async def test_a_placement_is_stored_with_its_orders_outcome_and_placed_afresh_without() -> None:
+    store, clock = CountingStore(), FakeClock()
+    outcomes, broker = host_saving_with_orders(store, clock)
+    await broker.connect()
+
+    placed = await broker.place_order("ord-20-entry", "BTCUSDT", Side.BUY, Decimal(1), fresh=True)
+
+    assert store.writes == 0 and list(outcomes.waiting) == ["ord-20"]
+    # The host dies before the outcome commits: nothing of the order is stored, so the next
+    # host's execution places it afresh, once.
+    outcomes_b, again = host_saving_with_orders(store, clock)
+    await again.connect()
+    replaced = await again.place_order("ord-20-entry", "BTCUSDT", Side.BUY, Decimal(1))
+    await outcomes_b.committed("ord-20")
+
+    assert replaced.status is placed.status is BrokerOrderStatus.FILLED
+    assert store.writes == 1  # the order and the book, with the outcome
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-20-entry") is not None
+    book = await store.load(f"paper:live:{ACCOUNT}")
+    assert book is not None and book["holdings"]["BTCUSDT"]["quantity"] == "1"
+
+
+async def test_a_reversals_close_is_stored_before_its_entry_is_placed() -> None:
+    """What is stored never holds the entry without the close before it."""
+    store, clock = CountingStore(), FakeClock()
+    outcomes, broker = host_saving_with_orders(store, clock)
+    await broker.connect()
+
+    await broker.place_order("ord-21-close", "BTCUSDT", Side.SELL, Decimal(1))
+    await broker.place_order("ord-21-entry", "BTCUSDT", Side.SELL, Decimal(1))
+
+    assert store.writes == 1  # the close, in a write of its own before the entry
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-21-close") is not None
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-21-entry") is None
+    await outcomes.committed("ord-21")
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-21-entry") is not None
+    book = await store.load(f"paper:live:{ACCOUNT}")
+    assert book is not None and book["holdings"]["BTCUSDT"]["quantity"] == "-2"
+
+
+async def test_a_placement_whose_outcome_failed_is_stored_by_the_next_call() -> None:
+    store, clock = CountingStore(), FakeClock()
+    outcomes, broker = host_saving_with_orders(store, clock)
+    await broker.connect()
+    await broker.place_order("ord-22-entry", "BTCUSDT", Side.BUY, Decimal(1))
+
+    outcomes.failed("ord-22")
+    await broker.order_status("ord-22-entry", "BTCUSDT")  # the fill check, say
+
+    assert store.writes == 1
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-22-entry") is not None
+    assert outcomes.waiting == {}

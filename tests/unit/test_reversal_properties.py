@@ -6,11 +6,19 @@ import asyncio
 import functools
 from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tradecore.orders import AlertAction, Instruction, Operation, OrderType, to_instruction
-from tradecore.reversal import StepRole, client_order_id, execute, plan
+from tradecore.orders import (
+    AlertAction,
+    Instruction,
+    Operation,
+    OrderType,
+    Side,
+    to_instruction,
+)
+from tradecore.reversal import BrokerStep, StepRole, client_order_id, execute, order_of, plan
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore.testing.positions import (
     ALL_INSTRUCTIONS,
@@ -99,3 +107,15 @@ async def _trade(start: Decimal, sequence: list[tuple[AlertAction, OrderType, De
         steps = plan(position, to_instruction(action, order_type), quantity)
         await execute(broker, FakeSleeper(clock), f"ord-{n}", SYMBOL, steps)
     return exchange.position(ACCOUNT, SYMBOL)
+
+
+@given(st.text(min_size=1), st.sampled_from(StepRole), st.sampled_from(Side))
+def test_a_client_order_id_names_its_order(order_id: str, role: StepRole, side: Side) -> None:
+    """The paper broker finds the order a placement belongs to from its client order id."""
+    step = BrokerStep(role, side, Decimal(1), reduce_only=False)
+    assert order_of(client_order_id(order_id, step)) == order_id
+
+
+@pytest.mark.parametrize("text", ["", "entry", "-entry", "o-1", "o-1-open"])
+def test_an_id_not_made_for_a_step_names_no_order(text: str) -> None:
+    assert order_of(text) is None

@@ -1,8 +1,9 @@
-"""Named JSON documents: state read and written as one piece (the paper broker's books)."""
+"""Named JSON documents: state read and written as one piece (the paper broker's books), and
+saves of them that commit with an order's outcome."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -19,4 +20,30 @@ class DocumentStore(Protocol):
     async def save_many(self, documents: Mapping[str, dict[str, Any]]) -> None:
         """Store each document under its name, replacing earlier ones, durably and
         atomically: after a failure either all of them or none of them are stored."""
+        ...
+
+
+class SavesWithOrder(Protocol):
+    """Saves of documents that may wait for an order's outcome and commit with it.
+
+    A venue whose state lives in the service's own database (the paper broker in real mode)
+    changes that state when it places an order; the order's outcome is written to the order
+    history right after. Saving both in one transaction spares the order a commit of its own
+    on its way to the answer, and leaves a crash nothing in between: either the venue's
+    order and the row's outcome are stored, or neither is (the row stays ``submitted`` and is
+    executed again, placing the order afresh).
+    """
+
+    def save_with_order(
+        self,
+        order_id: str,
+        documents: Callable[[], Mapping[str, dict[str, Any]]],
+        saved: Callable[[], None],
+    ) -> None:
+        """Save ``documents()`` (called when that write is built, so it holds the state of
+        then) in the same transaction as the next ``OrderHistory.transition`` of order
+        ``order_id``, whether or not its compare-and-set takes, then call ``saved()``. A
+        later call for the same order replaces this one. Nothing is saved before that
+        transition; if it fails, nothing is saved and ``saved`` is not called: the caller
+        still holds the changes and saves them on its own later."""
         ...

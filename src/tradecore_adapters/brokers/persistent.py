@@ -11,6 +11,15 @@ nothing (an order placed again, the status of a settled order) writes nothing. A
 failed is retried by the next call to the same account, changed or not and through whichever
 connection, so the store catches up with what this process holds.
 
+Given ``with_order`` (``SavesWithOrder``, real mode: the order history in the same
+database), a placement does not save on its own: its save is handed to the order's outcome,
+which the worker writes right after, and both commit in one transaction (one commit fewer
+on the order's way to its answer). A crash before that commit leaves neither the broker
+order nor the outcome stored; the row stays ``submitted`` and the next execution places the
+order afresh, exactly once. Until that commit the placement counts as unsaved: a call to the
+same account that comes first (a fill check, the next step of a reversal) saves it in a
+commit of its own, and one whose outcome failed to commit is saved by the next call, as above.
+
 Memory stays bounded however long the process runs: once everything is saved, an account
 keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` to twice that many
 finished ones (a fill check comes seconds after its placement and finds its order there);
@@ -27,9 +36,10 @@ from typing import Any
 
 from tradecore.orders import Side
 from tradecore.ports.broker import BrokerAccount, BrokerOrder
-from tradecore.ports.documents import DocumentStore
+from tradecore.ports.documents import DocumentStore, SavesWithOrder
 from tradecore.ports.prices import PriceSource
 from tradecore.ports.runtime import Clock, Sleeper
+from tradecore.reversal import order_of
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
 
@@ -53,6 +63,7 @@ class PersistentPaperBroker:
         sleeper: Sleeper | None = None,
         prices: PriceSource | None = None,
         unsaved: set[str],
+        with_order: SavesWithOrder | None = None,
     ) -> None:
         self._exchange = exchange
         self._store = store
@@ -65,6 +76,7 @@ class PersistentPaperBroker:
         # Orders whose save failed, saved with the next call. The factory gives every broker
         # of one book and account the same set, so any of them catches up on the others'.
         self._unsaved = unsaved
+        self._with_order = with_order
 
     @property
     def name(self) -> str:
@@ -99,12 +111,21 @@ class PersistentPaperBroker:
     ) -> BrokerOrder:
         if not fresh:
             await self._recall(client_order_id)
+        if self._unsaved and self._with_order is not None:
+            # Changes left unsaved (an earlier step of this order, a save that failed) are
+            # stored first, in a commit of their own: what is stored never holds an order
+            # without those placed before it.
+            await self._persist()
         known = self._exchange.knows_order(self._account_id, client_order_id)
         order = await self._inner.place_order(
             client_order_id, symbol, side, quantity, reduce_only=reduce_only
         )
         if not known or self._unsaved:
-            await self._persist(client_order_id)
+            order_id = order_of(client_order_id)
+            if self._with_order is not None and order_id is not None:
+                self._save_with_order(order_id, client_order_id)
+            else:
+                await self._persist(client_order_id)
         return order
 
     async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
@@ -125,21 +146,44 @@ class PersistentPaperBroker:
         if stored is not None:
             self._exchange.import_order(self._account_id, stored)
 
-    async def _persist(self, client_order_id: str) -> None:
-        """Save the order, any order whose save failed before, and the book, atomically."""
-        pending = {client_order_id, *self._unsaved}
+    async def _persist(self, client_order_id: str | None = None) -> None:
+        """Save the order (if named), every order left unsaved, and the book, atomically."""
+        pending = {*self._unsaved}
+        if client_order_id is not None:
+            pending.add(client_order_id)
+        try:
+            await self._store.save_many(self._documents(pending))
+        except BaseException:
+            self._unsaved.update(pending)
+            raise
+        self._saved(pending)
+
+    def _save_with_order(self, order_id: str, client_order_id: str) -> None:
+        """Leave the placement unsaved, its save handed to the order's outcome (module doc):
+        the order, every order left unsaved and the book, as they are when that write is
+        built."""
+        assert self._with_order is not None
+        self._unsaved.add(client_order_id)
+        exported: set[str] = set()
+
+        def documents() -> dict[str, dict[str, Any]]:
+            exported.update(self._unsaved)
+            return self._documents(exported)
+
+        self._with_order.save_with_order(order_id, documents, lambda: self._saved(exported))
+
+    def _documents(self, client_order_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """The documents of these orders (those the exchange holds) and of the book."""
         documents: dict[str, dict[str, Any]] = {}
-        for cid in sorted(pending):
+        for cid in sorted(client_order_ids):
             order = self._exchange.export_order(self._account_id, cid)
             if order is not None:
                 documents[self._order_key(cid)] = order
         documents[self._prefix] = self._exchange.export_book(self._account_id)
-        try:
-            await self._store.save_many(documents)
-        except BaseException:
-            self._unsaved.update(pending)
-            raise
-        self._unsaved.difference_update(pending)
+        return documents
+
+    def _saved(self, client_order_ids: set[str]) -> None:
+        self._unsaved.difference_update(client_order_ids)
         if not self._unsaved:  # all this process changed is saved: finished orders recallable
             self._exchange.forget_finished(self._account_id, FINISHED_IN_MEMORY)
 
@@ -161,6 +205,7 @@ class PersistentPaperBrokerFactory:
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
         prices: PriceSource | None = None,
+        with_order: SavesWithOrder | None = None,
     ) -> None:
         self._exchange = exchange
         self._simulation_exchange = simulation_exchange
@@ -169,6 +214,7 @@ class PersistentPaperBrokerFactory:
         self._conditions = conditions
         self._sleeper = sleeper
         self._prices = prices
+        self._with_order = with_order
         self._unsaved: dict[tuple[str, str], set[str]] = {}
 
     def open(self, account: BrokerAccount, *, simulation: bool) -> PersistentPaperBroker:
@@ -185,6 +231,7 @@ class PersistentPaperBrokerFactory:
             sleeper=self._sleeper,
             prices=self._prices,
             unsaved=self._unsaved.setdefault((book, account.trading_account_id), set()),
+            with_order=self._with_order,
         )
 
     def venues(self) -> frozenset[str]:

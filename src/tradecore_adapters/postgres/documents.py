@@ -62,6 +62,17 @@ still share a name, the INSERT fails ("cannot affect row a second time") and the
 written again one save at a time, as any failed batch is."""
 
 
+def upsert_statement(documents: Mapping[str, dict[str, Any]]) -> Statement:
+    """The statement storing every one of ``documents`` (at least one) under its name, for
+    group commit with other adapters' writes (``group_commit``): rows are locked in name
+    order, so the lock key is the first name."""
+    names = sorted(documents)
+    params: list[Any] = []
+    for name in names:
+        params += [name, Jsonb(documents[name])]
+    return Statement(_upsert_rows(len(names)), params, ("documents", names[0]), UPSERT_MERGE)
+
+
 class PostgresDocumentStore:
     """Load and save JSON objects by name. Values must be JSON (``TypeError`` otherwise);
     every method may raise ``DatabaseUnavailable``."""
@@ -82,15 +93,7 @@ class PostgresDocumentStore:
         """Store every document under its name in one statement (all or none), durably."""
         if not documents:
             return
-        # Written by group commit with other adapters' writes (``group_commit``); rows are
-        # locked in name order, so the lock key is the first name.
-        names = sorted(documents)
-        params: list[Any] = []
-        for name in names:
-            params += [name, Jsonb(documents[name])]
-        key = ("documents", names[0])
-        statement = Statement(_upsert_rows(len(names)), params, key, UPSERT_MERGE)
-        await shared_batcher(self._pool).run(statement)
+        await shared_batcher(self._pool).run(upsert_statement(documents))
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
         """Store ``document`` under ``name`` unless one is there; the stored document. Of

@@ -18,11 +18,18 @@ so a duplicate fingerprint refuses only its own order (also against an insert ea
 same batch), and an outage fails every caller of the batch with ``DatabaseUnavailable``, with
 nothing of the batch written. A batch's adds, and its transitions of one kind, are sent as one
 multi-row statement each (``order_writes``).
+
+A venue that keeps its state in this database (the paper broker in real mode) may hand its
+save to the order's next transition (``save_with_order``, the ``SavesWithOrder`` port): the
+documents' upsert and the transition are then written together (``run_together``), one
+commit for both, and the documents are stored even when the compare-and-set finds the row
+moved on (they record what the venue did, whichever process records the order).
 """
 
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -43,6 +50,7 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
+from tradecore_adapters.postgres.documents import upsert_statement
 from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
 from tradecore_adapters.postgres.order_writes import ADD_MERGE, transition_merge
 from tradecore_adapters.postgres.pool import Pool
@@ -195,12 +203,26 @@ def _status_texts(statuses: frozenset[OrderStatus]) -> tuple[str, ...]:
     return tuple(sorted(str(s) for s in statuses))
 
 
+SAVES_WITH_ORDER_KEPT = 10_000
+"""Most orders whose saves wait for their transition (``save_with_order``). One beyond it (an
+order whose transition never came, which the module's callers do not leave) is dropped
+unsaved, oldest first: its caller still holds the changes and saves them on its own later."""
+
+
+@attrs.frozen
+class _SaveWithOrder:
+    documents: Callable[[], Mapping[str, dict[str, Any]]]
+    saved: Callable[[], None]
+
+
 class PostgresOrderHistory:
-    """OrderHistory on table ``order_history``."""
+    """OrderHistory on table ``order_history``, and ``SavesWithOrder`` on table ``documents``:
+    a save waiting for an order's transition is written with it by ``run_together``."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._batcher: StatementBatcher | None = None
+        self._with_order: OrderedDict[str, _SaveWithOrder] = OrderedDict()
 
     @property
     def _writes(self) -> StatementBatcher:
@@ -239,8 +261,28 @@ class PostgresOrderHistory:
         key = ("order_history", order_id)
         # Merged with the batch's other transitions of its kind into one statement (order_writes).
         statement = Statement(_transition_query(written), params, key, transition_merge(written))
-        updated = (await self._writes.run(statement)).rows
+        waiting = self._with_order.pop(order_id, None)
+        if waiting is None:
+            updated = (await self._writes.run(statement)).rows
+        else:
+            documents = upsert_statement(waiting.documents())
+            _, result = await self._writes.run_together([documents, statement])
+            waiting.saved()
+            updated = result.rows
         return order_from_row(updated[0]) if updated else None
+
+    def save_with_order(
+        self,
+        order_id: str,
+        documents: Callable[[], Mapping[str, dict[str, Any]]],
+        saved: Callable[[], None],
+    ) -> None:
+        """The ``SavesWithOrder`` port: ``documents()`` upserted in the transaction of the
+        order's next ``transition``."""
+        self._with_order.pop(order_id, None)  # re-inserted last: newest
+        self._with_order[order_id] = _SaveWithOrder(documents, saved)
+        while len(self._with_order) > SAVES_WITH_ORDER_KEPT:
+            self._with_order.popitem(last=False)
 
     async def list_for_user(
         self,
