@@ -11,8 +11,9 @@ with the timestamps the order's row records on its way:
 * ``placed_at``: the broker answered the placement;
 
 and prints the median and p90 of each gap, beside the CPU and the sleeps (voluntary context
-switches) per order of the API, the worker host, Postgres and Redis, and the Redis commands
-per order (the server's, so run it alone):
+switches) per order of the API, the worker host, Postgres and Redis, the Redis commands
+per order and Postgres's writing transactions (commits) per order (the servers', so run it
+alone):
 
 * send -> created: HTTP, parse, the four webhook checks, the admission script;
 * created -> submitted: the intent and audit commit, the hand-over to the worker host, its
@@ -95,7 +96,11 @@ GAPS = (
 
 
 async def _orders(
-    documents: list[dict[str, str]], orders: int, rate: float, pids: dict[str, int]
+    documents: list[dict[str, str]],
+    orders: int,
+    rate: float,
+    pids: dict[str, int],
+    database_url: str,
 ) -> list[dict[str, float]]:
     """``orders`` orders sent on a fixed schedule (open loop, ``rate`` per second), each by
     the next account in turn (an account sends its next order only once its last one was
@@ -123,6 +128,7 @@ async def _orders(
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         groups_before = process_groups(pids)
         commands_before = redis_commands()
+        transactions_before = write_transactions(database_url)
         busy_before = machine_busy_seconds()
         start = time.monotonic()
         sends = []
@@ -150,6 +156,10 @@ async def _orders(
         calls = {k: (v - commands_before.get(k, 0)) / orders for k, v in commands.items()}
         top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
         print(json.dumps({"redis_commands_per_order": {k: round(v, 2) for k, v in top}}))
+        transactions = write_transactions(database_url) - transactions_before
+        print(
+            json.dumps({"postgres_write_transactions_per_order": round(transactions / orders, 2)})
+        )
     return timings
 
 
@@ -186,6 +196,16 @@ def process_groups(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
                 before = groups.get(group, (0.0, 0))
                 groups[group] = (before[0] + cpu, before[1] + sleeps)
     return groups
+
+
+def write_transactions(database_url: str) -> int:
+    """Transaction ids the Postgres server has handed out so far: one per transaction that
+    wrote (a commit that reaches the disk), none for one that only read. Server-wide, so run
+    it alone."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def redis_commands() -> dict[str, int]:
@@ -297,7 +317,9 @@ def main() -> None:
         documents = asyncio.run(stack.provision(args.users))
         stack.start_api()
         stack.start_worker()
-        timings = asyncio.run(_orders(documents, args.orders, args.rate, stack.pids()))
+        timings = asyncio.run(
+            _orders(documents, args.orders, args.rate, stack.pids(), stack.database_url)
+        )
         rows = _rows(stack.database_url, [t["id"] for t in timings])
     finally:
         stack.close()
