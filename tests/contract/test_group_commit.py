@@ -392,18 +392,6 @@ async def test_a_batch_of_one_kind_is_one_statement_and_each_caller_gets_its_own
     assert len(set(keys.values())) == 1
 
 
-def insert(order_id: str, *, fail: bool = False) -> Statement:
-    """An unmerged insert of one ``order_keys`` row; with ``fail``, one that fails at run
-    time (``1 / 0``), after the statements before it in its batch ran."""
-    check = "1 / 0" if fail else "1"
-    return Statement(
-        "INSERT INTO order_keys (id, user_id, created_at)"
-        f" SELECT %s, 'u', now() WHERE {check} = 1 RETURNING id",
-        [order_id],
-        ("order_keys", order_id),
-    )
-
-
 @pytest.mark.postgres
 async def test_a_batch_of_several_statements_commits_once_or_not_at_all(pg_pool: Pool) -> None:
     """Unmerged statements of one batch go in one pipeline without BEGIN and COMMIT: the
@@ -411,6 +399,16 @@ async def test_a_batch_of_several_statements_commits_once_or_not_at_all(pg_pool:
     fails takes the others' writes back with it before the batch is written again one
     statement at a time (each written once)."""
     batcher = shared_batcher(pg_pool)
+
+    def insert(order_id: str, *, fail: bool = False) -> Statement:
+        # ``1 / 0`` fails at run time, after the statements before it in the batch ran
+        check = "1 / 0" if fail else "1"
+        return Statement(
+            "INSERT INTO order_keys (id, user_id, created_at)"
+            f" SELECT %s, 'u', now() WHERE {check} = 1 RETURNING id",
+            [order_id],
+            ("order_keys", order_id),
+        )
 
     await asyncio.gather(*(batcher.run(insert(i)) for i in ("a-1", "a-2", "a-3")))
     keys = await _keys(pg_pool)
@@ -431,37 +429,6 @@ async def test_a_batch_of_several_statements_commits_once_or_not_at_all(pg_pool:
     keys = await _keys(pg_pool)
     assert set(keys) == {"a-1", "a-2", "a-3", "b-1", "b-3"}
     assert keys["b-1"] != keys["b-3"], "written again one statement at a time"
-
-
-@pytest.mark.postgres
-async def test_statements_run_together_are_written_together_or_not_at_all(pg_pool: Pool) -> None:
-    """``run_together``: one caller's statements share a transaction, also when another
-    caller's failing statement makes the batch be written again one caller at a time (they
-    go again together, not one by one); and one of them failing takes the other back."""
-    batcher = shared_batcher(pg_pool)
-
-    results = await asyncio.gather(
-        batcher.run_together([insert("c-1"), insert("c-3")]),
-        batcher.run(insert("c-2", fail=True)),  # sorts between the pair's statements
-        return_exceptions=True,
-    )
-
-    pair, failed = results
-    assert type(failed).__name__ == "DivisionByZero"
-    assert isinstance(pair, list)
-    assert [r.rows for r in pair] == [[{"id": "c-1"}], [{"id": "c-3"}]]
-    keys = await _keys(pg_pool)
-    assert set(keys) == {"c-1", "c-3"}
-    assert keys["c-1"] == keys["c-3"], "the pair in one transaction"
-
-    results = await asyncio.gather(
-        batcher.run_together([insert("d-1"), insert("d-2", fail=True)]),
-        batcher.run(insert("d-3")),
-        return_exceptions=True,
-    )
-
-    assert type(results[0]).__name__ == "DivisionByZero"
-    assert set(await _keys(pg_pool)) == {"c-1", "c-3", "d-3"}  # d-1 went back with d-2
 
 
 @pytest.mark.postgres

@@ -35,7 +35,7 @@ from tradecore.order_lifecycle import (
     sources,
 )
 from tradecore.orders import OrderHistoryRecord, OrderStatus
-from tradecore_adapters.postgres import Pool, PostgresDocumentStore
+from tradecore_adapters.postgres import Pool, PostgresDocumentStore, PostgresOrderHistory
 from tradecore_adapters.postgres.group_commit import Statement, shared_batcher
 from tradecore_adapters.postgres.order_writes import ORDER_COLUMN_TYPES
 from tradecore_adapters.postgres.rows import fetch_all
@@ -71,6 +71,9 @@ class Sent:
 
     def document_saves(self) -> list[str]:
         return [q for q in self.queries if q.startswith("INSERT INTO documents")]
+
+    def transitions_with_documents(self) -> list[str]:
+        return [q for q in self.queries if q.startswith("WITH saved AS (INSERT INTO documents")]
 
     def clear(self) -> None:
         self.queries.clear()
@@ -398,3 +401,67 @@ async def test_saves_sharing_a_name_are_written_one_by_one_and_the_last_wins(
     assert await documents.load("a-book") == {"n": 1}
     assert await documents.load("b-book") == {"n": 2}
     assert await documents.load("shared") == {"by": "b"}
+
+
+# --- transitions that save documents (``SavesWithOrder``) -----------------------------------
+
+
+def _book(n: int) -> dict[str, dict[str, Any]]:
+    """What a paper placement of order ``o-{n}`` saves: its order and its account's book."""
+    return {f"paper:live:acct-{n}": {"cash": str(n)}, f"paper:live:acct-{n}:order:o-{n}": {"n": n}}
+
+
+async def test_transitions_saving_documents_are_one_statement_with_their_saves(
+    stores: Stores, pg_pool: Pool, sent: Sent
+) -> None:
+    records = [order(f"o-{n}", created_at=MONTHS[n % len(MONTHS)]) for n in range(6)]
+    for record in records:
+        await stores.orders.add(record)
+    orders = stores.orders
+    assert isinstance(orders, PostgresOrderHistory)
+    saved: list[int] = []
+    for n in range(6):
+        orders.save_with_order(f"o-{n}", lambda n=n: _book(n), lambda n=n: saved.append(n))
+    plain = [order(f"p-{n}") for n in range(2)]  # transitions of the same kind, no documents
+    for record in plain:
+        await stores.orders.add(record)
+    claim = Submitted(at(1), Decimal("0.5"))
+    sent.clear()
+
+    results = await asyncio.gather(
+        *(stores.orders.transition(r.id, claim) for r in [*records, *plain])
+    )
+
+    assert results == [_changed(r, claim) for r in [*records, *plain]]
+    [merged] = sent.transitions_with_documents()
+    assert "FROM (VALUES" in merged
+    assert len(sent.updates()) == 1  # the plain ones, merged on their own
+    assert sorted(saved) == list(range(6))
+    documents = PostgresDocumentStore(pg_pool)
+    for n in range(6):
+        for name, body in _book(n).items():
+            assert await documents.load(name) == body
+    ids = [r.id for r in [*records, *plain]]
+    assert len(await _transactions(pg_pool, ids)) == 1
+
+
+async def test_two_transitions_saving_one_document_are_written_one_by_one(
+    stores: Stores, pg_pool: Pool, sent: Sent
+) -> None:
+    """Two orders of one book in one batch (two hosts serving one account for a moment): the
+    merged upsert would write the book twice, so the batch is written again one statement at
+    a time, in ``lock_key`` order; each order's transition and documents are written once."""
+    for n in range(2):
+        await stores.orders.add(order(f"o-{n}"))
+    orders = stores.orders
+    assert isinstance(orders, PostgresOrderHistory)
+    for n in range(2):
+        orders.save_with_order(f"o-{n}", lambda n=n: {"paper:live:acct-1": {"by": n}}, lambda: None)
+    claim = Submitted(at(1), Decimal("0.5"))
+    sent.clear()
+
+    results = await asyncio.gather(*(orders.transition(f"o-{n}", claim) for n in range(2)))
+
+    assert all(r is not None and r.status is OrderStatus.SUBMITTED for r in results)
+    assert len(sent.transitions_with_documents()) == 3  # the merged one, then each alone
+    assert await PostgresDocumentStore(pg_pool).load("paper:live:acct-1") == {"by": 1}

@@ -27,15 +27,22 @@ from tradecore_adapters.postgres.group_commit import (
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import fetch_one
 
+DOCUMENT_TYPES = ("text", "jsonb")
+"""The types of a document row's (name, body), for a ``numbered_values`` list."""
 _UPSERT_HEAD = "INSERT INTO documents (name, body) "
 _UPSERT_TAIL = " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
 # ``updated_at`` of an inserted row is the column's default, now(), as an update sets it.
 
 
+def upsert_query(values: str) -> str:
+    """The INSERT ... ON CONFLICT storing the (name, body) rows of ``values`` (a VALUES list)."""
+    return _UPSERT_HEAD + values + _UPSERT_TAIL
+
+
 @functools.lru_cache(maxsize=16)
 def _upsert_rows(count: int) -> str:
     """One INSERT ... ON CONFLICT for ``count`` (name, body) pairs (psycopg's placeholders)."""
-    return _UPSERT_HEAD + "VALUES " + ", ".join(["(%s, %s)"] * count) + _UPSERT_TAIL
+    return upsert_query("VALUES " + ", ".join(["(%s, %s)"] * count))
 
 
 def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
@@ -44,8 +51,7 @@ def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
     for statement in statements:
         assert isinstance(statement.params, list)
         params += statement.params
-    values = numbered_values(("text", "jsonb"), len(params) // 2)
-    return _UPSERT_HEAD + values + _UPSERT_TAIL, params
+    return upsert_query(numbered_values(DOCUMENT_TYPES, len(params) // 2)), params
 
 
 def _split_upserts(
@@ -60,17 +66,6 @@ UPSERT_MERGE = Merge(("documents:upsert",), _combine_upserts, _split_upserts)
 keeps two saves with one ``lock_key`` (their first name) apart, and should two merged saves
 still share a name, the INSERT fails ("cannot affect row a second time") and the batch is
 written again one save at a time, as any failed batch is."""
-
-
-def upsert_statement(documents: Mapping[str, dict[str, Any]]) -> Statement:
-    """The statement storing every one of ``documents`` (at least one) under its name, for
-    group commit with other adapters' writes (``group_commit``): rows are locked in name
-    order, so the lock key is the first name."""
-    names = sorted(documents)
-    params: list[Any] = []
-    for name in names:
-        params += [name, Jsonb(documents[name])]
-    return Statement(_upsert_rows(len(names)), params, ("documents", names[0]), UPSERT_MERGE)
 
 
 class PostgresDocumentStore:
@@ -93,7 +88,15 @@ class PostgresDocumentStore:
         """Store every document under its name in one statement (all or none), durably."""
         if not documents:
             return
-        await shared_batcher(self._pool).run(upsert_statement(documents))
+        # Written by group commit with other adapters' writes (``group_commit``); rows are
+        # locked in name order, so the lock key is the first name.
+        names = sorted(documents)
+        params: list[Any] = []
+        for name in names:
+            params += [name, Jsonb(documents[name])]
+        key = ("documents", names[0])
+        statement = Statement(_upsert_rows(len(names)), params, key, UPSERT_MERGE)
+        await shared_batcher(self._pool).run(statement)
 
     async def create_if_absent(self, name: str, document: dict[str, Any]) -> dict[str, Any]:
         """Store ``document`` under ``name`` unless one is there; the stored document. Of

@@ -27,9 +27,6 @@ order of their ``lock_key``, so two processes' batches take row locks in the sam
 should the server still abort the transaction (a deadlock or serialization failure), the
 batch is retried one statement at a time. ``shared_batcher`` gives every adapter on a pool
 the same batcher, so an order's claim of one user and another user's result share a commit.
-``run_together`` submits several statements of one caller that must commit together (an
-order's result and its venue's book): they go in one batch, and when the batch is written
-again one caller at a time, they go again together.
 
 * **Merged statements.** A statement may carry a ``Merge``: statements of a batch whose
   merges have the same ``key`` are sent as ONE statement (say one multi-row UPDATE for many
@@ -237,19 +234,19 @@ class Merge:
 
 
 @functools.lru_cache(maxsize=4096)
-def _numbered_row(types: tuple[str, ...], index: int) -> str:
+def _numbered_row(types: tuple[str, ...], index: int, start: int) -> str:
     """Row ``index`` (from 0) of ``numbered_values``: ``($k::type, ...)``."""
-    first = index * len(types) + 1
+    first = start + index * len(types)
     cells = (f"${first + n}::{type_}" for n, type_ in enumerate(types))
     return f"({', '.join(cells)})"
 
 
-def numbered_values(types: tuple[str, ...], rows: int) -> str:
+def numbered_values(types: tuple[str, ...], rows: int, *, start: int = 1) -> str:
     """``VALUES`` of ``rows`` rows of ``types`` for a ``Merge``'s query: PostgreSQL's own
-    placeholders, numbered from ``$1`` row after row, each cast to its type (the parameters
-    of NULLs and of strings carry no type of their own). The rows are cached; the list is
-    joined per call (a cached list of 128 order adds would be 60 KB)."""
-    return "VALUES " + ", ".join(_numbered_row(types, index) for index in range(rows))
+    placeholders, numbered from ``$start`` (``$1`` by default) row after row, each cast to
+    its type (the parameters of NULLs and of strings carry no type of their own). The rows
+    are cached; the list is joined per call (a cached list of 128 order adds would be 60 KB)."""
+    return "VALUES " + ", ".join(_numbered_row(types, index, start) for index in range(rows))
 
 
 class BatchAborted(Exception):
@@ -271,9 +268,8 @@ class StatementBatcher:
         # A weak reference: the batcher is kept per pool (``shared_batcher``) and must not
         # keep a closed pool alive.
         self._pool = weakref.ref(pool)
-        # An item is the statements of one caller that commit together (``run_together``).
-        self._group: GroupCommit[tuple[Statement, ...], list[StatementResult]] = GroupCommit(
-            self._write_items,
+        self._group: GroupCommit[Statement, StatementResult] = GroupCommit(
+            self._write,
             max_batch=max_batch,
             max_in_flight=max_in_flight,
             linger_s=linger_s,
@@ -283,25 +279,7 @@ class StatementBatcher:
     async def run(self, statement: Statement) -> StatementResult:
         """Run ``statement`` in the next batch; its result once the batch is committed.
         Raises ``DatabaseUnavailable`` when the batch could not be committed."""
-        [result] = await self._group.submit((statement,))
-        return result
-
-    async def run_together(self, statements: Sequence[Statement]) -> list[StatementResult]:
-        """Run ``statements`` in one transaction, in the next batch (``lock_key`` order
-        decides their order, as for any batch); their results once it is committed. They
-        are never split: when the batch is written again one caller at a time, they are
-        written again together, so either all of them are committed or none is."""
-        return await self._group.submit(tuple(statements))
-
-    async def _write_items(self, items: list[tuple[Statement, ...]]) -> list[list[StatementResult]]:
-        """Every item's statements in one batch; each item's results, in its order."""
-        results = await self._write([s for item in items for s in item])
-        grouped: list[list[StatementResult]] = []
-        start = 0
-        for item in items:
-            grouped.append(results[start : start + len(item)])
-            start += len(item)
-        return grouped
+        return await self._group.submit(statement)
 
     async def _write(self, statements: list[Statement]) -> list[StatementResult]:
         pool = self._pool()

@@ -36,9 +36,14 @@ the batcher sends a merged statement by a raw cursor, since psycopg would otherw
   one merged statement that triple is unique (the same id, user and fingerprint are one
   ``lock_key``).
 
+* **Transitions that save documents** (a venue's book handed to the order's outcome,
+  ``SavesWithOrder``): the same merged UPDATE with the documents' upsert as a CTE ahead of
+  it, one statement for every such transition of a batch that sets the same fields.
+
 Parameters read from the statements: a transition's are a mapping with ``order_id``,
-``expected`` (the status texts it may leave) and ``set_<field>`` for each field it sets; an
-add's are a mapping with every column of ``order_history`` by name.
+``expected`` (the status texts it may leave) and ``set_<field>`` for each field it sets (and
+when it saves documents, ``documents``, their count, with ``document_name_<i>`` and
+``document_body_<i>``); an add's are a mapping with every column of ``order_history`` by name.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from typing import Any
 
 from psycopg import sql
 
+from tradecore_adapters.postgres.documents import DOCUMENT_TYPES, upsert_query
 from tradecore_adapters.postgres.group_commit import (
     Merge,
     Statement,
@@ -161,6 +167,46 @@ def transition_merge(fields: tuple[str, ...]) -> Merge:
         return head + numbered_values(types, len(statements)) + tail, params
 
     return Merge(("order_history:transition", fields), combine, _split_transitions)
+
+
+# --- transitions that save a venue's documents ---------------------------------------------
+
+
+def documents_of(params: Mapping[str, Any]) -> list[Any]:
+    """The (name, body) pairs a transition with documents carries, flat, in its order."""
+    flat: list[Any] = []
+    for index in range(params["documents"]):
+        flat += [params[f"document_name_{index}"], params[f"document_body_{index}"]]
+    return flat
+
+
+@functools.lru_cache(maxsize=64)
+def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
+    """The merge of transitions that set ``fields`` and save documents with them
+    (``SavesWithOrder``): the documents' upsert is a data-modifying CTE ahead of the merged
+    UPDATE, in name order (the order its rows are locked in), so the whole is ONE statement.
+    Two of them saving one name make the upsert fail ("cannot affect row a second time"),
+    and the batch is written again one statement at a time, as any failed batch."""
+    types, head, tail = _transition_parts(fields)
+
+    def combine(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
+        params: list[Any] = []
+        pairs: list[tuple[Any, Any]] = []
+        for statement in statements:
+            params += _transition_params(statement, fields)
+            flat = documents_of(_mapping(statement))
+            pairs += zip(flat[::2], flat[1::2], strict=True)
+        pairs.sort(key=lambda pair: str(pair[0]))
+        documents = numbered_values(DOCUMENT_TYPES, len(pairs), start=len(params) + 1)
+        query = (
+            f"WITH saved AS ({upsert_query(documents)}) "
+            + head
+            + numbered_values(types, len(statements))
+            + tail
+        )
+        return query, params + [value for pair in pairs for value in pair]
+
+    return Merge(("order_history:transition+documents", fields), combine, _split_transitions)
 
 
 # --- adds ----------------------------------------------------------------------------------

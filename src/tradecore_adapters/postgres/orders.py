@@ -21,9 +21,10 @@ multi-row statement each (``order_writes``).
 
 A venue that keeps its state in this database (the paper broker in real mode) may hand its
 save to the order's next transition (``save_with_order``, the ``SavesWithOrder`` port): the
-documents' upsert and the transition are then written together (``run_together``), one
-commit for both, and the documents are stored even when the compare-and-set finds the row
-moved on (they record what the venue did, whichever process records the order).
+documents' upsert and the transition are then ONE statement (the upsert a CTE ahead of the
+UPDATE; merged with the batch's other such transitions, ``order_writes``), one round trip
+and one commit for both, and the documents are stored even when the compare-and-set finds
+the row moved on (they record what the venue did, whichever process records the order).
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
-from tradecore_adapters.postgres.documents import upsert_statement
+from tradecore_adapters.postgres.documents import upsert_query
 from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
-from tradecore_adapters.postgres.order_writes import ADD_MERGE, transition_merge
+from tradecore_adapters.postgres.order_writes import (
+    ADD_MERGE,
+    transition_merge,
+    transition_with_documents_merge,
+)
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc, utc_or_none
 
@@ -198,6 +203,14 @@ def _transition_query(fields: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
+def _transition_with_documents_query(fields: tuple[str, ...], documents: int) -> str:
+    """``_transition_query`` preceded by the upsert of ``documents`` documents (a CTE), so
+    both are one statement: one round trip, one commit."""
+    values = ", ".join(f"(%(document_name_{i})s, %(document_body_{i})s)" for i in range(documents))
+    return f"WITH saved AS ({upsert_query('VALUES ' + values)}) {_transition_query(fields)}"
+
+
+@functools.lru_cache(maxsize=64)
 def _status_texts(statuses: frozenset[OrderStatus]) -> tuple[str, ...]:
     """The statuses as the text[] parameter of the compare-and-set, in a stable order."""
     return tuple(sorted(str(s) for s in statuses))
@@ -217,7 +230,7 @@ class _SaveWithOrder:
 
 class PostgresOrderHistory:
     """OrderHistory on table ``order_history``, and ``SavesWithOrder`` on table ``documents``:
-    a save waiting for an order's transition is written with it by ``run_together``."""
+    a save waiting for an order's transition is written in the transition's statement."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -259,16 +272,27 @@ class PostgresOrderHistory:
         params["expected"] = list(_status_texts(leaves))
         written = tuple(fields)
         key = ("order_history", order_id)
-        # Merged with the batch's other transitions of its kind into one statement (order_writes).
-        statement = Statement(_transition_query(written), params, key, transition_merge(written))
         waiting = self._with_order.pop(order_id, None)
         if waiting is None:
-            updated = (await self._writes.run(statement)).rows
-        else:
-            documents = upsert_statement(waiting.documents())
-            _, result = await self._writes.run_together([documents, statement])
+            # Merged with the batch's other transitions of its kind into one statement.
+            statement = Statement(
+                _transition_query(written), params, key, transition_merge(written)
+            )
+        else:  # the documents' upsert and the transition in ONE statement (order_writes)
+            documents = waiting.documents()
+            for index, name in enumerate(sorted(documents)):
+                params[f"document_name_{index}"] = name
+                params[f"document_body_{index}"] = Jsonb(documents[name])
+            params["documents"] = len(documents)
+            statement = Statement(
+                _transition_with_documents_query(written, len(documents)),
+                params,
+                key,
+                transition_with_documents_merge(written),
+            )
+        updated = (await self._writes.run(statement)).rows
+        if waiting is not None:
             waiting.saved()
-            updated = result.rows
         return order_from_row(updated[0]) if updated else None
 
     def save_with_order(
