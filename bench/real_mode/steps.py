@@ -18,10 +18,10 @@ alone):
 * send -> created: HTTP, parse, the four webhook checks, the admission script;
 * created -> submitted: the intent and audit commit, the hand-over to the worker host, its
   take, the position read;
-* submitted -> placed: the claim's commit and the broker's placement (the paper broker writes
-  its book in Postgres);
-* placed -> answer: the result's commit, the fill check's scheduling, the reply, the API's
-  wake-up and the HTTP answer.
+* submitted -> placed: the claim's commit and the broker's placement (the paper broker's in
+  memory);
+* placed -> answer: the result's commit (the paper broker's book with it), the fill check's
+  scheduling, the reply, the API's wake-up and the HTTP answer.
 
 All clocks are this machine's wall clock (the processes share it). Beside the steps it
 measures this machine's floor for one hop at the same pacing: the round trip of a UDP
@@ -77,8 +77,8 @@ HOPS = (
     ("take: the worker host's wake-up and LMOVE", "pushed", "taken"),
     ("position: the broker's positions", "taken", "claim"),
     ("claim: queued -> submitted, committed", "claim", "claimed"),
-    ("placement: the broker's answer (the paper book saved)", "claimed", "placed"),
-    ("result: submitted -> filled, committed", "placed", "result"),
+    ("placement: the broker's answer", "claimed", "placed"),
+    ("result: submitted -> filled, committed with the paper book", "placed", "result"),
     ("fill check sent, from the placement", "placed", "fill"),
     ("complete: the reply published", "result", "completed"),
     ("answer: the API has the reply", "completed", "replied"),
