@@ -172,7 +172,7 @@ def transition_merge(fields: tuple[str, ...]) -> Merge:
 # --- transitions that save a venue's documents ---------------------------------------------
 
 
-def documents_of(params: Mapping[str, Any]) -> list[Any]:
+def _documents_of(params: Mapping[str, Any]) -> list[Any]:
     """The (name, body) pairs a transition with documents carries, flat, in its order."""
     flat: list[Any] = []
     for index in range(params["documents"]):
@@ -194,7 +194,7 @@ def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
         pairs: list[tuple[Any, Any]] = []
         for statement in statements:
             params += _transition_params(statement, fields)
-            flat = documents_of(_mapping(statement))
+            flat = _documents_of(_mapping(statement))
             pairs += zip(flat[::2], flat[1::2], strict=True)
         pairs.sort(key=lambda pair: str(pair[0]))
         documents = numbered_values(DOCUMENT_TYPES, len(pairs), start=len(params) + 1)
