@@ -69,3 +69,37 @@ async def test_stopping_ends_loops_whose_waits_absorb_the_cancellation(
         stopping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stopping
+
+
+async def test_a_cancellation_absorbed_by_the_sweep_ends_worker_control_before_its_wait(
+    embedded: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control loop's turn sweeps for orphaned users, then waits for a start request. A
+    SIGTERM that lands in the sweep's SCAN (absorbed) must end the loop before that wait, or
+    the host's shutdown lasts as long as the wait."""
+    absorbing = Absorbing()
+    directory = embedded.directory
+
+    async def scanning() -> list[str]:
+        await asyncio.Event().wait()  # a slow SCAN: the stop lands in it
+        return []
+
+    async def waiting_long(timeout_s: float) -> str | None:
+        await asyncio.sleep(STOP_BOUND_S * 6)  # longer than the bound below
+        return None
+
+    monkeypatch.setattr(directory, "orphaned_users", absorbing(scanning, []))
+    monkeypatch.setattr(directory, "next_start_request", waiting_long)
+    await embedded.start(workers=True, verify_fills=False)
+    await asyncio.sleep(0.05)  # the control loop is in its sweep
+    stopping = asyncio.create_task(embedded.stop())
+    try:
+        done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND_S)
+        assert stopping in done, "stop() waited for the start-request wait after the sweep"
+        stopping.result()
+        assert absorbing.absorbed == 1
+    finally:
+        absorbing.on = False
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping

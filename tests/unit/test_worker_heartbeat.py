@@ -160,3 +160,17 @@ async def test_a_worker_renews_its_own_lease_when_no_heartbeat_runs() -> None:
         assert w.directory.batches == []
     finally:
         await w.host.stop()
+
+
+async def test_a_stopping_host_starts_no_worker(world: World) -> None:
+    """A sweep or recovery scan that finishes while the host stops (SIGTERM mid-recovery) must
+    not start a worker that nothing would end: the user's requests wait for another host."""
+    await serving(world, "user-1")
+    stopping = asyncio.create_task(world.host.stop())
+    await asyncio.sleep(0)  # stop has begun
+
+    world.host.activate("user-2")
+    await stopping
+
+    assert world.host.active_users == frozenset()
+    assert not await world.directory.is_active("user-2")

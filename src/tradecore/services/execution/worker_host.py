@@ -130,6 +130,7 @@ class WorkerHost:
         self._control: asyncio.Task[None] | None = None
         self._recovering: asyncio.Task[None] | None = None
         self._recovery_failing = False
+        self._stopping = False
         self._confirming: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._gate = OutageGate[WorkerSlot](
@@ -146,11 +147,16 @@ class WorkerHost:
 
     async def start(self) -> None:
         """Begin consuming worker-control."""
+        self._stopping = False
         if self._control is None:
             self._control = asyncio.create_task(self._consume_control(), name="worker-control")
 
     async def stop(self) -> None:
-        """Stop consuming and end every worker (their leases are released)."""
+        """Stop consuming and end every worker (their leases are released). From its first
+        step no worker starts here any more (``activate`` does nothing): a sweep or a scan
+        still finishing as it is cancelled would otherwise start one that nothing ends, and
+        the host's shutdown would wait for it."""
+        self._stopping = True
         slots = (s.task for s in self._slots.values())
         tasks = [t for t in [self._control, self._recovering, *slots, *self._gate.tasks] if t]
         for task in tasks:
@@ -166,7 +172,10 @@ class WorkerHost:
     def activate(self, user_id: str) -> None:
         """Make sure the user is served: by this host, unless another holder has the lease
         (then this task ends at once). Idempotent while the task runs; a worker that lost
-        its lease is replaced at once (it stops at its next look)."""
+        its lease is replaced at once (it stops at its next look). Nothing once ``stop``
+        began: the user's requests wait for another host (or this one's next start)."""
+        if self._stopping:
+            return
         slot = self._slots.get(user_id)
         if slot is not None and slot.task is not None and not slot.lost:
             # A start request while our worker runs: the API saw no lease (the key-value
@@ -238,6 +247,9 @@ class WorkerHost:
                     self._begin_recovery()
                     await self.sweep()
                 await self.heartbeat()
+                # before the turn's long wait: a cancellation the sweep or the heartbeat
+                # absorbed (cancellation.py) ends the loop now, not after that wait
+                raise_if_cancelled()
                 user_id = await self._directory.next_start_request(wait_s)
             except asyncio.CancelledError:
                 raise
