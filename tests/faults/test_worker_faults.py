@@ -169,6 +169,44 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
     assert await tasks.dead_letters() == []
 
 
+async def test_a_worker_killed_while_its_result_commits_stores_book_and_result_together(
+    stack: Stack,
+) -> None:
+    """The paper broker's book is written in the statement of the order's result. While that
+    statement waits (the row locked, as behind a slow commit) neither is stored, and the
+    worker is killed then. The statement may still commit once the lock is free (Postgres
+    notices a dead client only when it answers it), and the next host has recovered the
+    order meanwhile: whichever records it, the book holds the order once and the position
+    once."""
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
+    )
+    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+    await stack.order_reaches(order_id, "submitted")
+
+    async with row_locked(stack, order_id):
+
+        async def result_waits() -> bool:
+            waiting = await stack.db.rows(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'WITH saved AS (INSERT INTO documents%%'"
+            )
+            return bool(waiting)
+
+        await eventually(result_waits, "the result and the book waiting", diagnose=stack.logs)
+        assert await stack.db.broker_orders(account.trading_account_id) == {}
+        await worker.kill()
+        await stack.end_lease()
+        await stack.worker()
+
+    await stack.order_reaches(order_id, "filled")
+    broker_orders = await stack.db.broker_orders(account.trading_account_id)
+    assert len(broker_orders) == 1, broker_orders
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+
+
 async def test_orders_fill_through_a_broker_that_drops_every_second_call(stack: Stack) -> None:
     api, worker, account = await asyncio.gather(
         stack.api(), stack.worker(PAPER_BROKER_DISCONNECT_EVERY="2"), stack.new_account()
