@@ -17,7 +17,14 @@ from decimal import Decimal
 
 import psycopg
 import pytest
-from harness import SETTLE_TIMEOUT_S, Process, Stack, eventually, webhook_body
+from harness import (
+    SETTLE_TIMEOUT_S,
+    Account,
+    Process,
+    Stack,
+    eventually,
+    webhook_body,
+)
 
 from tradecore_adapters.redis import RedisFillTaskQueue, connect
 
@@ -122,6 +129,20 @@ async def row_locked(stack: Stack, order_id: str) -> AsyncIterator[None]:
         yield
 
 
+async def claimed_order(stack: Stack) -> tuple[Process, Account, str]:
+    """A worker host behind a slow broker (``SLOW_BROKER``) and one webhook order of a new
+    account, answered 202 and claimed by the worker (``submitted``): the host, the account
+    and the order id."""
+    api, worker, account = await asyncio.gather(
+        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
+    )
+    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+    await stack.order_reaches(order_id, "submitted")
+    return worker, account, order_id
+
+
 async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_check(
     stack: Stack,
 ) -> None:
@@ -130,14 +151,8 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
     ``submitted``: the next host's fill verifier asks nothing and keeps the check for later,
     and the host records the order once; one broker order, the check still queued, no dead
     letter."""
-    api, worker, account = await asyncio.gather(
-        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
-    )
     tasks = RedisFillTaskQueue(connect(stack.redis.url, socket_timeout_s=2.0))
-    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
-    assert reply.status == 202, reply
-    order_id = reply.body["order_id"]
-    await stack.order_reaches(order_id, "submitted")
+    worker, account, order_id = await claimed_order(stack)
 
     async with row_locked(stack, order_id):
 
@@ -178,13 +193,7 @@ async def test_a_worker_killed_while_its_result_commits_stores_book_and_result_t
     notices a dead client only when it answers it), and the next host has recovered the
     order meanwhile: whichever records it, the book holds the order once and the position
     once."""
-    api, worker, account = await asyncio.gather(
-        stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
-    )
-    reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
-    assert reply.status == 202, reply
-    order_id = reply.body["order_id"]
-    await stack.order_reaches(order_id, "submitted")
+    worker, account, order_id = await claimed_order(stack)
 
     async with row_locked(stack, order_id):
 
