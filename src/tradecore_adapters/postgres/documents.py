@@ -27,16 +27,15 @@ from tradecore_adapters.postgres.group_commit import (
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import fetch_one
 
-DOCUMENT_TYPES = ("text", "jsonb")
-"""The types of a document row's (name, body), for a ``numbered_values`` list."""
 _UPSERT_HEAD = "INSERT INTO documents (name, body) "
 _UPSERT_TAIL = " ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, updated_at = now()"
 # ``updated_at`` of an inserted row is the column's default, now(), as an update sets it.
 
 
-def upsert_query(values: str) -> str:
-    """The INSERT ... ON CONFLICT storing the (name, body) rows of ``values`` (a VALUES list)."""
-    return _UPSERT_HEAD + values + _UPSERT_TAIL
+def upsert_query(rows: str) -> str:
+    """The INSERT ... ON CONFLICT storing the (name, body) rows of ``rows`` (a VALUES list or
+    a SELECT)."""
+    return _UPSERT_HEAD + rows + _UPSERT_TAIL
 
 
 @functools.lru_cache(maxsize=16)
@@ -51,7 +50,7 @@ def _combine_upserts(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
     for statement in statements:
         assert isinstance(statement.params, list)
         params += statement.params
-    return upsert_query(numbered_values(DOCUMENT_TYPES, len(params) // 2)), params
+    return upsert_query(numbered_values(("text", "jsonb"), len(params) // 2)), params
 
 
 def _split_upserts(

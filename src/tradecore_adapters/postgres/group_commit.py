@@ -234,19 +234,19 @@ class Merge:
 
 
 @functools.lru_cache(maxsize=4096)
-def _numbered_row(types: tuple[str, ...], index: int, start: int) -> str:
+def _numbered_row(types: tuple[str, ...], index: int) -> str:
     """Row ``index`` (from 0) of ``numbered_values``: ``($k::type, ...)``."""
-    first = start + index * len(types)
+    first = index * len(types) + 1
     cells = (f"${first + n}::{type_}" for n, type_ in enumerate(types))
     return f"({', '.join(cells)})"
 
 
-def numbered_values(types: tuple[str, ...], rows: int, *, start: int = 1) -> str:
+def numbered_values(types: tuple[str, ...], rows: int) -> str:
     """``VALUES`` of ``rows`` rows of ``types`` for a ``Merge``'s query: PostgreSQL's own
-    placeholders, numbered from ``$start`` (``$1`` by default) row after row, each cast to
-    its type (the parameters of NULLs and of strings carry no type of their own). The rows
-    are cached; the list is joined per call (a cached list of 128 order adds would be 60 KB)."""
-    return "VALUES " + ", ".join(_numbered_row(types, index, start) for index in range(rows))
+    placeholders, numbered from ``$1`` row after row, each cast to its type (the parameters
+    of NULLs and of strings carry no type of their own). The rows are cached; the list is
+    joined per call (a cached list of 128 order adds would be 60 KB)."""
+    return "VALUES " + ", ".join(_numbered_row(types, index) for index in range(rows))
 
 
 class BatchAborted(Exception):

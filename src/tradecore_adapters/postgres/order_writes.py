@@ -42,8 +42,8 @@ the batcher sends a merged statement by a raw cursor, since psycopg would otherw
 
 Parameters read from the statements: a transition's are a mapping with ``order_id``,
 ``expected`` (the status texts it may leave) and ``set_<field>`` for each field it sets (and
-when it saves documents, ``documents``, their count, with ``document_name_<i>`` and
-``document_body_<i>``); an add's are a mapping with every column of ``order_history`` by name.
+when it saves documents, ``documents``: ``document_rows`` as ``Jsonb``); an add's are a
+mapping with every column of ``order_history`` by name.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
-from tradecore_adapters.postgres.documents import DOCUMENT_TYPES, upsert_query
+from tradecore_adapters.postgres.documents import upsert_query
 from tradecore_adapters.postgres.group_commit import (
     Merge,
     Statement,
@@ -172,39 +173,48 @@ def transition_merge(fields: tuple[str, ...]) -> Merge:
 # --- transitions that save a venue's documents ---------------------------------------------
 
 
-def _documents_of(params: Mapping[str, Any]) -> list[Any]:
-    """The (name, body) pairs a transition with documents carries, flat, in its order."""
-    flat: list[Any] = []
-    for index in range(params["documents"]):
-        flat += [params[f"document_name_{index}"], params[f"document_body_{index}"]]
-    return flat
+_DOCUMENT_ROWS = (
+    "SELECT d.name, d.body FROM jsonb_to_recordset({documents}::jsonb) AS d(name text, body jsonb)"
+)
+
+
+def documents_cte(placeholder: str) -> str:
+    """The data-modifying CTE that upserts the documents of one JSON parameter (an array of
+    ``{"name", "body"}`` objects, in name order: the order their rows are locked in), read by
+    ``jsonb_to_recordset`` as the audit batch is; the transition's UPDATE follows it."""
+    rows = _DOCUMENT_ROWS.replace("{documents}", placeholder)
+    return "WITH saved AS (" + upsert_query(rows) + ") "
+
+
+def document_rows(documents: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON parameter of ``documents_cte`` for ``documents`` (by name)."""
+    return [{"name": name, "body": documents[name]} for name in sorted(documents)]
 
 
 @functools.lru_cache(maxsize=64)
 def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
     """The merge of transitions that set ``fields`` and save documents with them
-    (``SavesWithOrder``): the documents' upsert is a data-modifying CTE ahead of the merged
-    UPDATE, in name order (the order its rows are locked in), so the whole is ONE statement.
-    Two of them saving one name make the upsert fail ("cannot affect row a second time"),
-    and the batch is written again one statement at a time, as any failed batch."""
+    (``SavesWithOrder``, parameter ``documents``: a ``Jsonb`` of ``document_rows``): the
+    merged UPDATE behind one ``documents_cte`` of every statement's documents, in name
+    order, so the whole is ONE statement. Two of them saving one name make the upsert fail
+    ("cannot affect row a second time"), and the batch is written again one statement at a
+    time, as any failed batch."""
     types, head, tail = _transition_parts(fields)
 
     def combine(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
         params: list[Any] = []
-        pairs: list[tuple[Any, Any]] = []
+        rows: list[dict[str, Any]] = []
         for statement in statements:
             params += _transition_params(statement, fields)
-            flat = _documents_of(_mapping(statement))
-            pairs += zip(flat[::2], flat[1::2], strict=True)
-        pairs.sort(key=lambda pair: str(pair[0]))
-        documents = numbered_values(DOCUMENT_TYPES, len(pairs), start=len(params) + 1)
+            rows += _mapping(statement)["documents"].obj
+        rows.sort(key=lambda row: str(row["name"]))
         query = (
-            f"WITH saved AS ({upsert_query(documents)}) "
+            documents_cte(f"${len(params) + 1}")
             + head
             + numbered_values(types, len(statements))
             + tail
         )
-        return query, params + [value for pair in pairs for value in pair]
+        return query, [*params, Jsonb(rows)]
 
     return Merge(("order_history:transition+documents", fields), combine, _split_transitions)
 

@@ -51,10 +51,11 @@ from tradecore.orders import (
     RejectionCode,
     Source,
 )
-from tradecore_adapters.postgres.documents import upsert_query
 from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
 from tradecore_adapters.postgres.order_writes import (
     ADD_MERGE,
+    document_rows,
+    documents_cte,
     transition_merge,
     transition_with_documents_merge,
 )
@@ -203,11 +204,10 @@ def _transition_query(fields: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _transition_with_documents_query(fields: tuple[str, ...], documents: int) -> str:
-    """``_transition_query`` preceded by the upsert of ``documents`` documents (a CTE), so
+def _transition_with_documents_query(fields: tuple[str, ...]) -> str:
+    """``_transition_query`` behind the upsert of the ``documents`` parameter (a CTE), so
     both are one statement: one round trip, one commit."""
-    values = ", ".join(f"(%(document_name_{i})s, %(document_body_{i})s)" for i in range(documents))
-    return f"WITH saved AS ({upsert_query('VALUES ' + values)}) {_transition_query(fields)}"
+    return documents_cte("%(documents)s") + _transition_query(fields)
 
 
 @functools.lru_cache(maxsize=64)
@@ -279,13 +279,9 @@ class PostgresOrderHistory:
                 _transition_query(written), params, key, transition_merge(written)
             )
         else:  # the documents' upsert and the transition in ONE statement (order_writes)
-            documents = waiting.documents()
-            for index, name in enumerate(sorted(documents)):
-                params[f"document_name_{index}"] = name
-                params[f"document_body_{index}"] = Jsonb(documents[name])
-            params["documents"] = len(documents)
+            params["documents"] = Jsonb(document_rows(waiting.documents()))
             statement = Statement(
-                _transition_with_documents_query(written, len(documents)),
+                _transition_with_documents_query(written),
                 params,
                 key,
                 transition_with_documents_merge(written),
