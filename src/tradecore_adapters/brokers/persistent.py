@@ -123,7 +123,7 @@ class PersistentPaperBroker:
         if not known or self._unsaved:
             order_id = order_of(client_order_id)
             if self._with_order is not None and order_id is not None:
-                self._save_with_order(order_id, client_order_id)
+                self._save_with_order(self._with_order, order_id, client_order_id)
             else:
                 await self._persist(client_order_id)
         return order
@@ -158,11 +158,12 @@ class PersistentPaperBroker:
             raise
         self._saved(pending)
 
-    def _save_with_order(self, order_id: str, client_order_id: str) -> None:
+    def _save_with_order(
+        self, with_order: SavesWithOrder, order_id: str, client_order_id: str
+    ) -> None:
         """Leave the placement unsaved, its save handed to the order's outcome (module doc):
         the order, every order left unsaved and the book, as they are when that write is
         built."""
-        assert self._with_order is not None
         self._unsaved.add(client_order_id)
         exported: set[str] = set()
 
@@ -170,7 +171,7 @@ class PersistentPaperBroker:
             exported.update(self._unsaved)
             return self._documents(exported)
 
-        self._with_order.save_with_order(order_id, documents, lambda: self._saved(exported))
+        with_order.save_with_order(order_id, documents, lambda: self._saved(exported))
 
     def _documents(self, client_order_ids: set[str]) -> dict[str, dict[str, Any]]:
         """The documents of these orders (those the exchange holds) and of the book."""
