@@ -22,6 +22,12 @@ LONG_S = 60.0
 """A receive that only a wake-up ends within NEVER_S."""
 
 
+async def pass_short_times(kv: KvHarness, times: int) -> None:
+    """Let ``times`` * SHORT_S go by (``KvHarness.pass_time`` takes a short pause at a time)."""
+    for _ in range(times):
+        await kv.pass_time(SHORT_S)
+
+
 async def received(tasks: FillTaskQueue, timeout_s: float = 0) -> FillDelivery:
     delivery = await tasks.receive(timeout_s)
     assert delivery is not None, "nothing was delivered"
@@ -187,19 +193,21 @@ async def test_a_retry_without_delay_is_visible_at_once(kv: KvHarness) -> None:
 async def test_an_unsettled_message_is_redelivered_after_the_visibility_timeout(
     kv: KvHarness,
 ) -> None:
-    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    # Longer than the other tests' timeouts: the new delivery must still be in flight after
+    # three calls to the store (0.2 s was once too short for them on the cluster).
+    tasks = kv.tasks(visibility_timeout_s=4 * SHORT_S)
     await tasks.send(fill_task("o1"), 0)
     await tasks.send(fill_task("o2"), 0)
     lost = await received(tasks)
     assert await tasks.receive(0) is None
-    await kv.pass_time(SHORT_S)
+    await pass_short_times(kv, 4)
     again = await received(tasks, NEVER_S)
     assert (again.task, again.receive_count) == (fill_task("o1"), 2)
     # The first receipt is stale now: settling with it changes nothing.
     await tasks.ack(lost)
     await tasks.dead_letter(lost, "stale")
     assert await tasks.receive(0) is None  # the group is busy with the new delivery
-    await kv.pass_time(SHORT_S)
+    await pass_short_times(kv, 4)
     third = await received(tasks, NEVER_S)
     assert (third.task, third.receive_count) == (fill_task("o1"), 3)
     assert await tasks.dead_letters() == []
