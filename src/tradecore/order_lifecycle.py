@@ -4,8 +4,10 @@ A row is born ``queued``, the durable intent. The worker then claims it (``submi
 finds it waited past its ``expires_at`` (``expired``), or cannot reach the broker to claim it
 (``failed``, nothing sent); or the API, unable to hand it over, withdraws it (``cancelled``).
 A ``submitted`` row is settled by its execution in the status the broker's answer maps to, or
-``failed`` when the broker connection dropped for good mid-execution. Fill checks then write
-the broker's later view over a row that has broker orders.
+``failed`` when the broker connection dropped for good mid-execution. A queued row whose
+execution needed no claim (a venue that keeps nothing of a placement until the outcome
+commits with it) is claimed and settled in one write (``ClaimedAndExecuted``). Fill checks
+then write the broker's later view over a row that has broker orders.
 
 Each kind of change is a frozen value that knows the record fields it writes (``fields()``,
 ``status`` included when the change sets one). ``TRANSITIONS`` says, for a status and a step,
@@ -38,6 +40,7 @@ class Step(enum.StrEnum):
     FAIL_CLAIM = "fail_claim"  # ClaimFailed
     INTERRUPT = "interrupt"  # Interrupted
     EXECUTE = "execute"  # Executed
+    CLAIM_AND_EXECUTE = "claim_and_execute"  # ClaimedAndExecuted
     CHECK_FILL = "check_fill"  # FillChecked
     RECORD_FILL = "record_fill"  # FillRecorded
 
@@ -151,6 +154,28 @@ class Executed:
 
 
 @attrs.frozen
+class ClaimedAndExecuted:
+    """The claim and the execution of a queued order in one write, for a venue that keeps
+    nothing of a placement until the order's outcome commits with it (the paper broker in
+    real mode, ``SavesWithOrder``). A claim exists so that a placement is never made twice;
+    where the placement is stored only by this write, its compare-and-set from ``queued`` is
+    that guarantee: of two executions of one order, one write takes and the other's
+    placement is dropped with it. Writes the fields of both, the execution's status."""
+
+    step: ClassVar[Step] = Step.CLAIM_AND_EXECUTE
+
+    claim: Submitted
+    execution: Executed
+
+    @property
+    def status(self) -> OrderStatus:
+        return self.execution.status
+
+    def fields(self) -> dict[str, object]:
+        return {**self.claim.fields(), **self.execution.fields()}
+
+
+@attrs.frozen
 class ReportedFill:
     """What the broker reported filled of the main order; written as ``fill_quantity`` and
     ``fill_price`` (None too: the broker has no average price yet)."""
@@ -202,6 +227,7 @@ OrderChange: TypeAlias = (
     | ClaimFailed
     | Interrupted
     | Executed
+    | ClaimedAndExecuted
     | FillChecked
     | FillRecorded
 )
@@ -242,6 +268,8 @@ TRANSITIONS: dict[tuple[OrderStatus, Step], frozenset[OrderStatus]] = {
     (_OS.QUEUED, Step.FAIL_CLAIM): _to(_OS.FAILED),
     (_OS.SUBMITTED, Step.INTERRUPT): _to(_OS.FAILED),
     (_OS.SUBMITTED, Step.EXECUTE): EXECUTION_OUTCOMES,
+    # Only from queued: the compare-and-set that takes is this order's one placement.
+    (_OS.QUEUED, Step.CLAIM_AND_EXECUTE): EXECUTION_OUTCOMES,
     **{(status, Step.CHECK_FILL): CHECK_OUTCOMES for status in CHECKED},
     # Writes the fill only: each row keeps its status.
     **{(status, Step.RECORD_FILL): _to(status) for status in CHECKED},

@@ -26,6 +26,7 @@ from test_repositories import (
 
 from tradecore.errors import DuplicateOrder, IllegalTransition
 from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
     ClaimFailed,
     Executed,
     Expired,
@@ -91,6 +92,7 @@ CHANGES: list[OrderChange] = [
         error=OrderError(RejectionCode.BROKER_RATE_LIMITED, "slow down", retry_after=2.5),
     ),
     executed(OrderStatus.NO_POSITION, broker_refs=(), exit_order_result=None),
+    ClaimedAndExecuted(Submitted(at(1), Decimal("0")), executed(OrderStatus.FILLED)),
     FillChecked(OrderStatus.FILLED, FILL, at(9)),
     FillChecked(OrderStatus.PARTIALLY_FILLED, ReportedFill(Decimal("0.004"), None)),
     FillChecked(OrderStatus.FAILED),

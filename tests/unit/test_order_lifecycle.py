@@ -14,6 +14,7 @@ from tradecore.order_lifecycle import (
     CHECK_OUTCOMES,
     EXECUTION_OUTCOMES,
     TRANSITIONS,
+    ClaimedAndExecuted,
     ClaimFailed,
     Executed,
     Expired,
@@ -40,31 +41,34 @@ amounts = st.decimals(min_value=0, max_value=10**6, places=4)
 fills = st.builds(ReportedFill, amounts, st.none() | amounts)
 times = st.none() | st.just(AT)
 
+claims = st.builds(Submitted, st.just(AT), amounts)
+executions = st.builds(
+    Executed,
+    status=statuses,
+    order_id=st.none() | st.just("paper-1"),
+    client_order_id=st.none() | st.just("o-entry"),
+    broker_refs=st.just(("paper-1",)),
+    fill_price=st.none() | amounts,
+    fill_quantity=amounts,
+    filled_at=times,
+    auto_exit=st.booleans(),
+    exit_quantity=amounts,
+    exit_order_result=st.none() | st.just({"status": "filled"}),
+    error=st.none() | st.just(ERROR),
+)
+
 # Every kind of change, with any status where the change carries one.
 changes: st.SearchStrategy[OrderChange] = st.one_of(
-    st.builds(Submitted, st.just(AT), amounts),
+    claims,
     st.builds(Expired, st.just(ERROR)),
     st.builds(Withdrawn),
     st.builds(ClaimFailed, st.just(ERROR)),
     st.builds(Interrupted, st.just(ERROR)),
-    st.builds(
-        Executed,
-        status=statuses,
-        order_id=st.none() | st.just("paper-1"),
-        client_order_id=st.none() | st.just("o-entry"),
-        broker_refs=st.just(("paper-1",)),
-        fill_price=st.none() | amounts,
-        fill_quantity=amounts,
-        filled_at=times,
-        auto_exit=st.booleans(),
-        exit_quantity=amounts,
-        exit_order_result=st.none() | st.just({"status": "filled"}),
-        error=st.none() | st.just(ERROR),
-    ),
+    executions,
+    st.builds(ClaimedAndExecuted, claims, executions),
     st.builds(FillChecked, statuses, st.none() | fills, times),
     st.builds(FillRecorded, fills),
 )
-
 # The intent: what the order is, fixed when the row is written; no change may touch it.
 INTENT = frozenset(
     {
@@ -151,10 +155,36 @@ def test_the_callers_compare_and_set_is_what_it_was() -> None:
             outcome, None, None, (), None, Decimal(0), None, False, Decimal(0), None, None
         )
         assert sources(executed) == {_OS.SUBMITTED}
+        # the claim and the execution in one write leave what the claim leaves
+        assert sources(ClaimedAndExecuted(Submitted(AT, Decimal(0)), executed)) == {_OS.QUEUED}
     fill = ReportedFill(Decimal(1), None)
     for outcome in CHECK_OUTCOMES:
         assert sources(FillChecked(outcome, fill)) == CHECKED
     assert sources(FillRecorded(fill)) == CHECKED
+
+
+def test_a_claim_with_its_execution_writes_both_and_settles_in_the_executions_status() -> None:
+    claim = Submitted(AT, Decimal(3))
+    executed = Executed(
+        _OS.FILLED,
+        "paper-1",
+        "o-entry",
+        ("paper-1",),
+        Decimal(10),
+        Decimal(1),
+        AT,
+        False,
+        Decimal(0),
+        None,
+        None,
+    )
+    both = ClaimedAndExecuted(claim, executed)
+    assert both.status is _OS.FILLED
+    assert both.fields() == {**executed.fields(), "submitted_at": AT, "position_before": 3}
+    assert next_status(_OS.QUEUED, both) is _OS.FILLED
+    assert message(_OS.SUBMITTED, both) == (
+        "illegal transition from submitted on claim_and_execute to filled"
+    )
 
 
 def test_the_outcomes_are_the_statuses_after_submitted() -> None:
