@@ -26,6 +26,7 @@ from test_repositories import Stores, at, order, postgres_stores, two_users_with
 
 from tradecore.errors import DatabaseUnavailable, DuplicateOrder
 from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
     ClaimFailed,
     Expired,
     Interrupted,
@@ -74,6 +75,9 @@ class Sent:
 
     def transitions_with_documents(self) -> list[str]:
         return [q for q in self.queries if q.startswith("WITH saved AS (INSERT INTO documents")]
+
+    def transitions_with_documents_if_updated(self) -> list[str]:
+        return [q for q in self.queries if q.startswith("WITH updated AS (UPDATE order_history")]
 
     def clear(self) -> None:
         self.queries.clear()
@@ -411,28 +415,34 @@ def _book(n: int) -> dict[str, dict[str, Any]]:
     return {f"paper:live:acct-{n}": {"cash": str(n)}, f"paper:live:acct-{n}:order:o-{n}": {"n": n}}
 
 
+async def _claimed(stores: Stores, records: list[OrderHistoryRecord]) -> PostgresOrderHistory:
+    """The orders of ``records`` added and claimed: their executions' saves keep nothing
+    back, whichever write takes."""
+    orders = stores.orders
+    assert isinstance(orders, PostgresOrderHistory)
+    for record in records:
+        await orders.add(record)
+        assert await orders.transition(record.id, Submitted(at(1), Decimal("0.5"))) is not None
+    return orders
+
+
 async def test_transitions_saving_documents_are_one_statement_with_their_saves(
     stores: Stores, pg_pool: Pool, sent: Sent
 ) -> None:
     records = [order(f"o-{n}", created_at=MONTHS[n % len(MONTHS)]) for n in range(6)]
-    for record in records:
-        await stores.orders.add(record)
-    orders = stores.orders
-    assert isinstance(orders, PostgresOrderHistory)
+    plain = [order(f"p-{n}") for n in range(2)]  # transitions of the same kind, no documents
+    orders = await _claimed(stores, [*records, *plain])
     saved: list[int] = []
     for n in range(6):
-        orders.save_with_order(f"o-{n}", lambda n=n: _book(n), lambda n=n: saved.append(n))
-    plain = [order(f"p-{n}") for n in range(2)]  # transitions of the same kind, no documents
-    for record in plain:
-        await stores.orders.add(record)
-    claim = Submitted(at(1), Decimal("0.5"))
+        orders.save_with_order(
+            f"o-{n}", lambda n=n: _book(n), lambda n=n: saved.append(n), lambda: None
+        )
+    done = executed(OrderStatus.FILLED)
     sent.clear()
 
-    results = await asyncio.gather(
-        *(stores.orders.transition(r.id, claim) for r in [*records, *plain])
-    )
+    results = await asyncio.gather(*(orders.transition(r.id, done) for r in [*records, *plain]))
 
-    assert results == [_changed(r, claim) for r in [*records, *plain]]
+    assert all(r is not None and r.status is OrderStatus.FILLED for r in results)
     [merged] = sent.transitions_with_documents()
     assert "FROM (VALUES" in merged
     assert len(sent.updates()) == 1  # the plain ones, merged on their own
@@ -445,23 +455,61 @@ async def test_transitions_saving_documents_are_one_statement_with_their_saves(
     assert len(await _transactions(pg_pool, ids)) == 1
 
 
+async def test_unclaimed_executions_keep_only_the_documents_of_those_that_take(
+    stores: Stores, pg_pool: Pool, sent: Sent
+) -> None:
+    """One statement for the batch's unclaimed executions; two of its orders were withdrawn
+    first, and only their placements are discarded."""
+    records = [order(f"o-{n}", created_at=MONTHS[n % len(MONTHS)]) for n in range(6)]
+    for record in records:
+        await stores.orders.add(record)
+    orders = stores.orders
+    assert isinstance(orders, PostgresOrderHistory)
+    for withdrawn in ("o-1", "o-4"):
+        assert await orders.transition(withdrawn, Withdrawn()) is not None
+    told: list[tuple[str, int]] = []
+    for n in range(6):
+        orders.save_with_order(
+            f"o-{n}",
+            lambda n=n: _book(n),
+            lambda n=n: told.append(("saved", n)),
+            lambda n=n: told.append(("discarded", n)),
+        )
+    change = ClaimedAndExecuted(Submitted(at(1), Decimal(0)), executed(OrderStatus.FILLED))
+    sent.clear()
+
+    results = await asyncio.gather(*(orders.transition(r.id, change) for r in records))
+
+    taken = [n for n in range(6) if n not in (1, 4)]
+    assert [r is not None for r in results] == [n in taken for n in range(6)]
+    [merged] = sent.transitions_with_documents_if_updated()
+    assert "FROM (VALUES" in merged
+    assert sorted(told) == sorted(
+        [("saved", n) for n in taken] + [("discarded", 1), ("discarded", 4)]
+    )
+    documents = PostgresDocumentStore(pg_pool)
+    for n in range(6):
+        for name, body in _book(n).items():
+            assert await documents.load(name) == (body if n in taken else None)
+    assert len(await _transactions(pg_pool, [f"o-{n}" for n in taken])) == 1
+
+
 async def test_two_transitions_saving_one_document_are_written_one_by_one(
     stores: Stores, pg_pool: Pool, sent: Sent
 ) -> None:
     """Two orders of one book in one batch (two hosts serving one account for a moment): the
     merged upsert would write the book twice, so the batch is written again one statement at
     a time, in ``lock_key`` order; each order's transition and documents are written once."""
+    orders = await _claimed(stores, [order(f"o-{n}") for n in range(2)])
     for n in range(2):
-        await stores.orders.add(order(f"o-{n}"))
-    orders = stores.orders
-    assert isinstance(orders, PostgresOrderHistory)
-    for n in range(2):
-        orders.save_with_order(f"o-{n}", lambda n=n: {"paper:live:acct-1": {"by": n}}, lambda: None)
-    claim = Submitted(at(1), Decimal("0.5"))
+        orders.save_with_order(
+            f"o-{n}", lambda n=n: {"paper:live:acct-1": {"by": n}}, lambda: None, lambda: None
+        )
+    done = executed(OrderStatus.FILLED)
     sent.clear()
 
-    results = await asyncio.gather(*(orders.transition(f"o-{n}", claim) for n in range(2)))
+    results = await asyncio.gather(*(orders.transition(f"o-{n}", done) for n in range(2)))
 
-    assert all(r is not None and r.status is OrderStatus.SUBMITTED for r in results)
+    assert all(r is not None and r.status is OrderStatus.FILLED for r in results)
     assert len(sent.transitions_with_documents()) == 3  # the merged one, then each alone
     assert await PostgresDocumentStore(pg_pool).load("paper:live:acct-1") == {"by": 1}

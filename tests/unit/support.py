@@ -4,6 +4,7 @@ order row and the request the API pushes for it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,8 +22,13 @@ from tradecore.orders import (
     OrderType,
     Source,
 )
+from tradecore.ports.broker import BrokerFactory
+from tradecore.ports.repositories import OrderHistory
 from tradecore.services.accounts.provisioning import NewAccount
+from tradecore.services.execution.worker import UserWorker
+from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.crypto.passwords import Argon2PasswordHasher
+from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_entrypoints.system import System
 
 ATTACKER_IP = "198.51.100.66"
@@ -138,6 +144,32 @@ def request_for(
     """The request the API pushes for ``row`` (``broker_name`` None: an older API's payload)."""
     request = row.to_request(expires_at=row.created_at + timedelta(seconds=expires_in_s))
     return attrs.evolve(request, broker_name=broker_name)
+
+
+@attrs.frozen
+class WaitingSave:
+    """A save handed to an order's outcome (``SavesWithOrder.save_with_order``), as a fake of
+    that port keeps it."""
+
+    documents: Callable[[], Mapping[str, dict[str, Any]]]
+    saved: Callable[[], None]
+    discarded: Callable[[], None]
+
+
+def worker_over(
+    user_id: str, orders: OrderHistory, brokers: BrokerFactory, clock: FakeClock
+) -> UserWorker:
+    """``user_id``'s worker over ``orders`` and ``brokers``: fill checks on a memory queue,
+    time on ``clock``, no stored broker accounts (the paper broker needs none)."""
+    return UserWorker(
+        user_id,
+        orders,
+        brokers,
+        MemoryFillTaskQueue(clock),
+        clock,
+        FakeSleeper(clock),
+        accounts=NO_ACCOUNTS,
+    )
 
 
 class NoStoredAccounts:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from support import WaitingSave
 
 from tradecore.errors import BrokerDisconnected, DatabaseUnavailable
 from tradecore.orders import Side
@@ -293,27 +294,32 @@ async def test_a_save_one_connection_failed_is_made_good_by_another_of_the_accou
 
 class Outcomes:
     """A ``SavesWithOrder`` over a memory store: each order's waiting save is written when the
-    test says its outcome committed, or dropped when it says the outcome's write failed."""
+    test says its outcome committed, dropped when it says the outcome's write failed, and
+    discarded when it says an unclaimed placement's outcome did not take."""
 
     def __init__(self, store: MemoryDocumentStore) -> None:
         self.store = store
-        self.waiting: dict[str, tuple[Callable[[], Mapping[str, Any]], Callable[[], None]]] = {}
+        self.waiting: dict[str, WaitingSave] = {}
 
     def save_with_order(
         self,
         order_id: str,
         documents: Callable[[], Mapping[str, dict[str, Any]]],
         saved: Callable[[], None],
+        discarded: Callable[[], None],
     ) -> None:
-        self.waiting[order_id] = (documents, saved)
+        self.waiting[order_id] = WaitingSave(documents, saved, discarded)
 
     async def committed(self, order_id: str) -> None:
-        documents, saved = self.waiting.pop(order_id)
-        await self.store.save_many(documents())
-        saved()
+        waiting = self.waiting.pop(order_id)
+        await self.store.save_many(waiting.documents())
+        waiting.saved()
 
     def failed(self, order_id: str) -> None:
         del self.waiting[order_id]
+
+    def not_taken(self, order_id: str) -> None:
+        self.waiting.pop(order_id).discarded()
 
 
 def host_saving_with_orders(
@@ -379,3 +385,34 @@ async def test_a_placement_whose_outcome_failed_is_stored_by_the_next_call() -> 
     assert store.writes == 1
     assert await store.load(f"paper:live:{ACCOUNT}:order:ord-22-entry") is not None
     assert outcomes.waiting == {}
+
+
+async def test_a_placement_whose_unclaimed_outcome_did_not_take_is_dropped() -> None:
+    """The order was recorded by another execution (or withdrawn): this host's placement
+    belongs to no recorded order. Its state goes back to what is stored, and nothing of the
+    dropped placement is ever saved."""
+    store, clock = CountingStore(), FakeClock()
+    outcomes, broker = host_saving_with_orders(store, clock)
+    assert broker.placements_wait_for_outcome
+    await broker.connect()
+    await broker.place_order("ord-23-entry", "BTCUSDT", Side.BUY, Decimal(1), fresh=True)
+    await outcomes.committed("ord-23")
+    await broker.place_order("ord-24-entry", "BTCUSDT", Side.BUY, Decimal(2), fresh=True)
+    assert await broker.positions() == {"BTCUSDT": Decimal(3)}
+
+    outcomes.not_taken("ord-24")
+
+    assert await broker.positions() == {"BTCUSDT": Decimal(1)}  # the stored book again
+    assert await broker.order_status("ord-24-entry", "BTCUSDT") is None
+    await broker.place_order("ord-25-entry", "BTCUSDT", Side.SELL, Decimal(1), fresh=True)
+    await outcomes.committed("ord-25")
+    assert await store.load(f"paper:live:{ACCOUNT}:order:ord-24-entry") is None
+    book = await store.load(f"paper:live:{ACCOUNT}")
+    assert book is not None and "BTCUSDT" not in book["holdings"]
+
+
+def test_without_the_order_history_the_worker_claims_before_placing() -> None:
+    """A save of its own follows each placement: the worker must claim the order first."""
+    _, factory = host(MemoryDocumentStore(), FakeClock())
+    broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    assert not broker.placements_wait_for_outcome

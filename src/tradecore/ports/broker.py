@@ -119,6 +119,17 @@ class Broker(Protocol):
         """The broker's name as stored in order history (``broker_name``)."""
         ...
 
+    @property
+    def placements_wait_for_outcome(self) -> bool:
+        """True when nothing this broker places is kept until the order's outcome is written
+        (the paper broker in real mode: its book commits with the outcome,
+        ``SavesWithOrder``), and a placement whose outcome does not take is dropped, the
+        broker going back to its stored state. The worker then places a one-step order
+        without claiming it first: the outcome's compare-and-set from ``queued`` is the
+        claim (``order_lifecycle.ClaimedAndExecuted``). False for a venue, where a placement
+        is real the moment it is sent."""
+        ...
+
     async def connect(self) -> None:
         """Open (or re-open) the connection and check the credentials."""
         ...

@@ -30,8 +30,10 @@ class SavesWithOrder(Protocol):
     changes that state when it places an order; the order's outcome is written to the order
     history right after. Saving both in one transaction spares the order a commit of its own
     on its way to the answer, and leaves a crash nothing in between: either the venue's
-    order and the row's outcome are stored, or neither is (the row stays ``submitted`` and is
-    executed again, placing the order afresh).
+    order and the row's outcome are stored, or neither is (the row stays ``queued`` or
+    ``submitted`` and is executed again, placing the order afresh). Where nothing is kept
+    before the outcome, the order needs no claim ahead of its placement either: the
+    outcome's compare-and-set from ``queued`` decides whether the placement is kept.
     """
 
     def save_with_order(
@@ -39,11 +41,23 @@ class SavesWithOrder(Protocol):
         order_id: str,
         documents: Callable[[], Mapping[str, dict[str, Any]]],
         saved: Callable[[], None],
+        discarded: Callable[[], None],
     ) -> None:
         """Save ``documents()`` (called when that write is built, so it holds the state of
         then) in the same transaction as the next ``OrderHistory.transition`` of order
-        ``order_id``, whether or not its compare-and-set takes, then call ``saved()``. A
-        later call for the same order replaces this one. Nothing is saved before that
-        transition; if it fails, nothing is saved and ``saved`` is not called: the caller
-        still holds the changes and saves them on its own later."""
+        ``order_id``, then call ``saved()``. A later call for the same order replaces this
+        one. Nothing is saved before that transition. Which transition keeps them:
+
+        * One that leaves a status other than ``queued``: the order was claimed before the
+          venue placed it, so what the venue did is saved whether or not the
+          compare-and-set takes (another process may be the one that records the outcome).
+          If the transition fails, nothing is saved and neither callback is called: the
+          caller still holds the changes and saves them on its own later.
+        * One that leaves ``queued``: the venue placed the order unclaimed
+          (``Broker.placements_wait_for_outcome``), so only the transition that records
+          that execution (``ClaimedAndExecuted``) and takes may keep it. When it does not
+          take, when it is another change, and when it fails (what was stored is then
+          unknown), ``discarded()`` is called instead of ``saved()``: the changes belong to
+          no recorded order, and the caller drops them and reads its stored state again.
+        """
         ...

@@ -179,6 +179,10 @@ class AlpacaBroker:
     def name(self) -> str:
         return NAME
 
+    @property
+    def placements_wait_for_outcome(self) -> bool:
+        return False
+
     async def connect(self) -> None:
         if self._client is None:
             self._client = self._venue.client(

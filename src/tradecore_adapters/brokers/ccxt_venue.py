@@ -278,6 +278,10 @@ class CcxtBroker:
     def name(self) -> str:
         return self._dialect.exchange_id
 
+    @property
+    def placements_wait_for_outcome(self) -> bool:
+        return False
+
     async def connect(self) -> None:
         if self._exchange is None:
             try:

@@ -274,6 +274,11 @@ class PaperExchange:
         for cid in finished[: max(0, len(finished) - keep)]:
             del orders[cid]
 
+    def forget_account(self, account_id: str) -> None:
+        """Drop everything held of one account (cash, holdings, orders): for a caller that
+        keeps the account elsewhere and loads it from there again (``import_book``)."""
+        self._state.accounts.pop(account_id, None)
+
     def knows_order(self, account_id: str, client_order_id: str) -> bool:
         return client_order_id in self._account(account_id).orders
 
@@ -369,6 +374,10 @@ class PaperBroker:
     @property
     def name(self) -> str:
         return "paper"
+
+    @property
+    def placements_wait_for_outcome(self) -> bool:
+        return False
 
     async def close(self) -> None:
         """Nothing to release: the exchange lives in this process."""

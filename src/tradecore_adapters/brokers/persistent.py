@@ -15,10 +15,15 @@ Given ``with_order`` (``SavesWithOrder``, real mode: the order history in the sa
 database), a placement does not save on its own: its save is handed to the order's outcome,
 which the worker writes right after, and both commit in one transaction (one commit fewer
 on the order's way to its answer). A crash before that commit leaves neither the broker
-order nor the outcome stored; the row stays ``submitted`` and the next execution places the
-order afresh, exactly once. Until that commit the placement counts as unsaved: a call to the
-same account that comes first (a fill check, the next step of a reversal) saves it in a
-commit of its own, and one whose outcome failed to commit is saved by the next call, as above.
+order nor the outcome stored; the row stays ``queued`` or ``submitted`` and the next
+execution places the order afresh, exactly once. Until that commit the placement counts as
+unsaved: a call to the same account that comes first (a fill check, the next step of a
+reversal) saves it in a commit of its own, and one whose outcome failed to commit is saved
+by the next call, as above. Such a broker's placements wait for the outcome
+(``placements_wait_for_outcome``): the worker places a one-step order unclaimed, and when
+that outcome does not take (another execution recorded the order, the API withdrew it) or
+its write fails, the order history says so (``discarded``): the account's state in memory
+is dropped, unsaved changes with it, and loaded from the store again by the next call.
 
 Memory stays bounded however long the process runs: once everything is saved, an account
 keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` to twice that many
@@ -82,21 +87,31 @@ class PersistentPaperBroker:
     def name(self) -> str:
         return PAPER
 
+    @property
+    def placements_wait_for_outcome(self) -> bool:
+        return self._with_order is not None
+
     async def close(self) -> None:
         """Nothing to release: the exchange lives in this process."""
 
     async def connect(self) -> None:
         await self._inner.connect()
-        if not self._loaded:
-            book = await self._store.load(self._prefix)
-            if book is not None:
-                self._exchange.import_book(self._account_id, book)
-            self._loaded = True
+        await self._load()
+
+    async def _load(self) -> None:
+        """Load the account's stored book, once, and again after a discarded placement."""
+        if self._loaded:
+            return
+        book = await self._store.load(self._prefix)
+        if book is not None:
+            self._exchange.import_book(self._account_id, book)
+        self._loaded = True
 
     async def instruments(self) -> frozenset[str]:
         return await self._inner.instruments()
 
     async def positions(self) -> Mapping[str, Decimal]:
+        await self._load()
         return await self._inner.positions()
 
     async def place_order(
@@ -109,6 +124,7 @@ class PersistentPaperBroker:
         reduce_only: bool = False,
         fresh: bool = False,
     ) -> BrokerOrder:
+        await self._load()
         if not fresh:
             await self._recall(client_order_id)
         if self._unsaved and self._with_order is not None:
@@ -129,6 +145,7 @@ class PersistentPaperBroker:
         return order
 
     async def order_status(self, client_order_id: str, symbol: str) -> BrokerOrder | None:
+        await self._load()
         await self._recall(client_order_id)
         before = self._exchange.export_order(self._account_id, client_order_id)
         order = await self._inner.order_status(client_order_id, symbol)
@@ -171,7 +188,9 @@ class PersistentPaperBroker:
             exported.update(self._unsaved)
             return self._documents(exported)
 
-        with_order.save_with_order(order_id, documents, lambda: self._saved(exported))
+        with_order.save_with_order(
+            order_id, documents, lambda: self._saved(exported), self._discard
+        )
 
     def _documents(self, client_order_ids: set[str]) -> dict[str, dict[str, Any]]:
         """The documents of these orders (those the exchange holds) and of the book."""
@@ -182,6 +201,15 @@ class PersistentPaperBroker:
                 documents[self._order_key(cid)] = order
         documents[self._prefix] = self._exchange.export_book(self._account_id)
         return documents
+
+    def _discard(self) -> None:
+        """The placement handed to an outcome that did not take (module doc): drop the
+        account's state in memory, unsaved changes too, and load it again when next used.
+        The worker places an unclaimed order only when nothing is left unsaved before it
+        (``place_order`` saves that first), so what is dropped is that placement alone."""
+        self._unsaved.clear()
+        self._exchange.forget_account(self._account_id)
+        self._loaded = False
 
     def _saved(self, client_order_ids: set[str]) -> None:
         self._unsaved.difference_update(client_order_ids)

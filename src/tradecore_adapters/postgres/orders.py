@@ -25,6 +25,9 @@ documents' upsert and the transition are then ONE statement (the upsert a CTE ah
 UPDATE; merged with the batch's other such transitions, ``order_writes``), one round trip
 and one commit for both, and the documents are stored even when the compare-and-set finds
 the row moved on (they record what the venue did, whichever process records the order).
+A placement made without a claim (a transition that leaves ``queued``) is the exception:
+its documents follow the UPDATE in the statement and are kept only if it took; else the
+venue is told to drop them (``discarded``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from psycopg.types.json import Jsonb
 
 from tradecore import order_lifecycle
 from tradecore.errors import DuplicateOrder
-from tradecore.order_lifecycle import OrderChange
+from tradecore.order_lifecycle import ClaimedAndExecuted, OrderChange
 from tradecore.orders import (
     AlertAction,
     OrderError,
@@ -56,7 +59,9 @@ from tradecore_adapters.postgres.order_writes import (
     ADD_MERGE,
     document_rows,
     documents_cte,
+    documents_if_updated,
     transition_merge,
+    transition_with_documents_if_updated_merge,
     transition_with_documents_merge,
 )
 from tradecore_adapters.postgres.pool import Pool
@@ -211,6 +216,13 @@ def _transition_with_documents_query(fields: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
+def _transition_if_updated_query(fields: tuple[str, ...]) -> str:
+    """``_transition_query`` with the upsert of the ``documents`` parameter after it, kept
+    only if the compare-and-set takes: one statement, one round trip, one commit."""
+    return documents_if_updated(_transition_query(fields), "%(documents)s")
+
+
+@functools.lru_cache(maxsize=64)
 def _status_texts(statuses: frozenset[OrderStatus]) -> tuple[str, ...]:
     """The statuses as the text[] parameter of the compare-and-set, in a stable order."""
     return tuple(sorted(str(s) for s in statuses))
@@ -226,6 +238,7 @@ unsaved, oldest first: its caller still holds the changes and saves them on its 
 class _SaveWithOrder:
     documents: Callable[[], Mapping[str, dict[str, Any]]]
     saved: Callable[[], None]
+    discarded: Callable[[], None]
 
 
 class PostgresOrderHistory:
@@ -273,22 +286,36 @@ class PostgresOrderHistory:
         written = tuple(fields)
         key = ("order_history", order_id)
         waiting = self._with_order.pop(order_id, None)
+        # Placed unclaimed (the port's second case): kept only by the execution, if it takes.
+        unclaimed = OrderStatus.QUEUED in leaves
+        if waiting is not None and unclaimed and not isinstance(change, ClaimedAndExecuted):
+            waiting.discarded()
+            waiting = None
         if waiting is None:
             # Merged with the batch's other transitions of its kind into one statement.
             statement = Statement(
                 _transition_query(written), params, key, transition_merge(written)
             )
         else:  # the documents' upsert and the transition in ONE statement (order_writes)
-            params["documents"] = Jsonb(document_rows(waiting.documents()))
-            statement = Statement(
-                _transition_with_documents_query(written),
-                params,
-                key,
-                transition_with_documents_merge(written),
-            )
-        updated = (await self._writes.run(statement)).rows
+            params["documents"] = Jsonb(document_rows(waiting.documents(), order_id))
+            if unclaimed:
+                query = _transition_if_updated_query(written)
+                merge = transition_with_documents_if_updated_merge(written)
+            else:
+                query = _transition_with_documents_query(written)
+                merge = transition_with_documents_merge(written)
+            statement = Statement(query, params, key, merge)
+        try:
+            updated = (await self._writes.run(statement)).rows
+        except BaseException:
+            if waiting is not None and unclaimed:
+                waiting.discarded()  # it may or may not have committed: the caller re-reads
+            raise
         if waiting is not None:
-            waiting.saved()
+            if unclaimed and not updated:
+                waiting.discarded()
+            else:
+                waiting.saved()
         return order_from_row(updated[0]) if updated else None
 
     def save_with_order(
@@ -296,11 +323,12 @@ class PostgresOrderHistory:
         order_id: str,
         documents: Callable[[], Mapping[str, dict[str, Any]]],
         saved: Callable[[], None],
+        discarded: Callable[[], None],
     ) -> None:
         """The ``SavesWithOrder`` port: ``documents()`` upserted in the transaction of the
         order's next ``transition``."""
         self._with_order.pop(order_id, None)  # re-inserted last: newest
-        self._with_order[order_id] = _SaveWithOrder(documents, saved)
+        self._with_order[order_id] = _SaveWithOrder(documents, saved, discarded)
         while len(self._with_order) > SAVES_WITH_ORDER_KEPT:
             self._with_order.popitem(last=False)
 
