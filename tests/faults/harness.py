@@ -41,7 +41,7 @@ import attrs
 import psycopg
 import redis
 
-from tradecore_adapters.redis.messaging import mark_key
+from tradecore_adapters.redis.messaging import mark_key, processing_key
 from tradecore_entrypoints.settings import VARIABLES
 
 TRADECORE = Path(sys.executable).with_name("tradecore")
@@ -187,6 +187,14 @@ class RedisServer:
         client = self.client()
         try:
             client.delete(key)
+        finally:
+            client.close()
+
+    def length(self, key: str) -> int:
+        """LLEN of a list (0 when it does not exist)."""
+        client = self.client()
+        try:
+            return int(client.llen(key))
         finally:
             client.close()
 
@@ -501,6 +509,20 @@ class Stack:
     async def end_lease(self) -> None:
         """The trader's worker lease runs out now (as it would 30 s after its host died)."""
         await asyncio.to_thread(self.redis.delete, mark_key(self.trader.user_id))
+
+    async def order_in_hand(self, order_id: str) -> None:
+        """Return once a worker has taken the trader's order ``order_id`` and not yet
+        recorded its outcome: the request is in the trader's processing list and the row
+        still ``queued`` (a one-step paper order is claimed with its outcome, so ``queued``
+        until then). AssertionError with the logs when that is not seen in
+        ``SETTLE_TIMEOUT_S``."""
+        processing = processing_key(self.trader.user_id)
+
+        async def taken() -> bool:
+            return await asyncio.to_thread(self.redis.length, processing) > 0
+
+        await eventually(taken, f"a worker to take order {order_id}", diagnose=self.logs)
+        assert await self.db.order_status(order_id) == "queued", "finished before it was seen"
 
     async def order_reaches(
         self, order_id: str, status: str, *, timeout_s: float = SETTLE_TIMEOUT_S

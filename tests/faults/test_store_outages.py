@@ -164,16 +164,17 @@ async def test_postgres_stopped_gives_503_on_order_paths_and_login_and_recovers(
 async def test_postgres_stopped_mid_order_is_waited_out_by_the_worker_which_completes_it_once(
     stack: Stack,
 ) -> None:
-    """The worker meets the outage while it executes the order (its broker call takes 1.5 s,
-    then the broker's book must be saved): it keeps the request, retries it in place, and the
-    order fills once Postgres is back - not after the host's sweep restarted a dead worker."""
+    """The worker meets the outage while it executes the order (its broker calls take 1.5 s,
+    then the outcome and the broker's book must be saved): it keeps the request, retries it
+    in place, and the order fills once, after Postgres is back - not after the host's sweep
+    restarted a dead worker."""
     api, worker, account = await asyncio.gather(
         stack.api(), stack.worker(PAPER_BROKER_LATENCY_MS="1500"), stack.new_account()
     )
     reply = await api.webhook(account, webhook_body(account, quantity="0.1"))
     assert reply.status == 202, reply
     order_id = reply.body["order_id"]
-    await stack.order_reaches(order_id, "submitted")
+    await stack.order_in_hand(order_id)
 
     await asyncio.to_thread(stack.proxy.stop)
 
@@ -182,7 +183,7 @@ async def test_postgres_stopped_mid_order_is_waited_out_by_the_worker_which_comp
 
     await eventually(interrupted, "the worker to meet the outage", diagnose=stack.logs)
     await asyncio.sleep(3.0)  # down across several retries
-    assert await stack.db.order_status(order_id) == "submitted"
+    assert await stack.db.order_status(order_id) == "queued"
     await asyncio.to_thread(stack.proxy.start)
 
     await stack.order_reaches(order_id, "filled")

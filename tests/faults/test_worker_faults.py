@@ -55,9 +55,9 @@ async def test_a_worker_killed_mid_order_gives_202_and_the_next_host_completes_i
     assert reply.status == 202, reply
     assert reply.body["status"] == "queued"
     order_id = reply.body["order_id"]
-    await stack.order_reaches(order_id, "submitted")
+    await stack.order_in_hand(order_id)
     await worker.kill()
-    assert await stack.db.order_status(order_id) == "submitted", "finished before the kill"
+    assert await stack.db.order_status(order_id) == "queued", "finished before the kill"
 
     await take_over(stack)
 
@@ -129,17 +129,17 @@ async def row_locked(stack: Stack, order_id: str) -> AsyncIterator[None]:
         yield
 
 
-async def claimed_order(stack: Stack) -> tuple[Process, Account, str]:
+async def order_in_hand(stack: Stack) -> tuple[Process, Account, str]:
     """A worker host behind a slow broker (``SLOW_BROKER``) and one webhook order of a new
-    account, answered 202 and claimed by the worker (``submitted``): the host, the account
-    and the order id."""
+    account, answered 202 and taken by the worker, its outcome not recorded yet: the host,
+    the account and the order id."""
     api, worker, account = await asyncio.gather(
         stack.api(), stack.worker(**SLOW_BROKER), stack.new_account()
     )
     reply = await api.webhook(account, webhook_body(account, quantity=str(QUANTITY)))
     assert reply.status == 202, reply
     order_id = reply.body["order_id"]
-    await stack.order_reaches(order_id, "submitted")
+    await stack.order_in_hand(order_id)
     return worker, account, order_id
 
 
@@ -148,11 +148,11 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
 ) -> None:
     """The worker sends an order's first fill check while the placement's result commits.
     Killed after the send and before the commit, it leaves a check whose row still says
-    ``submitted``: the next host's fill verifier asks nothing and keeps the check for later,
+    ``queued``: the next host's fill verifier asks nothing and keeps the check for later,
     and the host records the order once; one broker order, the check still queued, no dead
     letter."""
     tasks = RedisFillTaskQueue(connect(stack.redis.url, socket_timeout_s=2.0))
-    worker, account, order_id = await claimed_order(stack)
+    worker, account, order_id = await order_in_hand(stack)
 
     async with row_locked(stack, order_id):
 
@@ -161,7 +161,7 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
 
         await eventually(check_sent, "the fill check sent beside the result", diagnose=stack.logs)
         await worker.kill()
-        assert await stack.db.order_status(order_id) == "submitted", "the result was written"
+        assert await stack.db.order_status(order_id) == "queued", "the result was written"
         await stack.end_lease()
         successor: Process = await stack.worker(log_level="INFO")
 
@@ -174,7 +174,7 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
             timeout_s=SETTLE_TIMEOUT_S,
             diagnose=stack.logs,
         )
-        assert await stack.db.order_status(order_id) == "submitted"
+        assert await stack.db.order_status(order_id) == "queued"
 
     await stack.order_reaches(order_id, "filled")
     broker_orders = await stack.db.broker_orders(account.trading_account_id)
@@ -187,20 +187,21 @@ async def test_a_worker_killed_between_the_fill_check_and_the_result_leaves_one_
 async def test_a_worker_killed_while_its_result_commits_stores_book_and_result_together(
     stack: Stack,
 ) -> None:
-    """The paper broker's book is written in the statement of the order's result. While that
-    statement waits (the row locked, as behind a slow commit) neither is stored, and the
-    worker is killed then. The statement may still commit once the lock is free (Postgres
-    notices a dead client only when it answers it), and the next host has recovered the
-    order meanwhile: whichever records it, the book holds the order once and the position
-    once."""
-    worker, account, order_id = await claimed_order(stack)
+    """The paper broker's book is written in the statement of the order's result (with its
+    claim: a one-step paper order is placed unclaimed). While that statement waits (the row
+    locked, as behind a slow commit) neither is stored, and the worker is killed then. The
+    statement may still commit once the lock is free (Postgres notices a dead client only
+    when it answers it), and the next host has recovered the order meanwhile: whichever
+    records it, the other's placement is dropped; the book holds the order once and the
+    position once."""
+    worker, account, order_id = await order_in_hand(stack)
 
     async with row_locked(stack, order_id):
 
         async def result_waits() -> bool:
             waiting = await stack.db.rows(
                 "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'WITH saved AS (INSERT INTO documents%%'"
+                " AND query LIKE 'WITH updated AS (UPDATE order_history%%'"
             )
             return bool(waiting)
 

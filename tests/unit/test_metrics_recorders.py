@@ -14,6 +14,7 @@ from support import queued_row
 
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
     ClaimFailed,
     Executed,
     Expired,
@@ -105,6 +106,23 @@ async def test_each_stage_is_measured_from_the_rows_timestamps(
         )
         == 1
     )
+
+
+async def test_a_claim_written_with_its_execution_measures_both_stages(
+    orders: RecordingOrderHistory, metrics: ProcessMetrics, clock: FakeClock
+) -> None:
+    await add_row(orders)
+    clock.advance(3)  # placed unclaimed 2 s after the intent; the answer 1 s later
+    change = ClaimedAndExecuted(
+        Submitted(at(2), Decimal(0)), executed(OrderStatus.FILLED, filled_at=at(3), error=None)
+    )
+    await orders.transition("o-1", change)
+
+    assert stage_sum(metrics, "queue") == 2
+    assert stage_sum(metrics, "execution") == 1
+    assert stage_sum(metrics, "fill") == 1
+    settled = {"source": "webhook", "status": "filled", "code": "none"}
+    assert sample(metrics, "tradecore_orders_settled_total", **settled) == 1
 
 
 async def test_the_admission_stage_needs_a_request(

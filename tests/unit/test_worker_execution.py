@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 import pytest
-from support import NO_ACCOUNTS, queued_row, request_for
+from support import NO_ACCOUNTS, queued_row, request_for, worker_over
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import OrderChange, Submitted
@@ -84,15 +84,7 @@ class Process:
 def process(store: CountingStore, orders: CountingOrders, clock: FakeClock) -> Process:
     exchange = PaperExchange()
     brokers = PersistentPaperBrokerFactory(exchange, PaperExchange(), store, clock)
-    worker = UserWorker(
-        USER,
-        orders,
-        brokers,
-        MemoryFillTaskQueue(clock),
-        clock,
-        FakeSleeper(clock),
-        accounts=NO_ACCOUNTS,
-    )
+    worker = worker_over(USER, orders, brokers, clock)
     return Process(exchange, worker)
 
 
@@ -274,15 +266,7 @@ async def test_a_retry_after_a_disconnect_is_not_sent_as_fresh(clock: FakeClock)
             flaky.append(FlakyBroker(inner.open(account, simulation=simulation)))
             return flaky[-1]
 
-    worker = UserWorker(
-        USER,
-        orders,
-        Factory(),
-        MemoryFillTaskQueue(clock),
-        clock,
-        FakeSleeper(clock),
-        accounts=NO_ACCOUNTS,
-    )
+    worker = worker_over(USER, orders, Factory(), clock)
     request = await queued(orders, "ord-7")
 
     result = await worker.execute(request)

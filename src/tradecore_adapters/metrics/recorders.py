@@ -23,6 +23,7 @@ from typing import Any
 from tradecore.audit import AuditAction, AuditEntry, AuditSummary, StoredAuditEntry
 from tradecore.audit_chain import SealedEntry
 from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
     ClaimFailed,
     Executed,
     Expired,
@@ -43,9 +44,17 @@ middleware); an intent stored outside a request (a script, a test) has no admiss
 
 _NOT_BROKER = frozenset({RejectionCode.ORDER_EXPIRED})
 """Errors of ours, not of the broker: an order that waited past its age never reached it."""
-_BROKER_ANSWERS = (Executed, ClaimFailed, Interrupted)
+_BROKER_ANSWERS = (Executed, ClaimedAndExecuted, ClaimFailed, Interrupted)
 """The changes that carry what the broker side answered (or that it could not be reached)."""
-_SETTLING = (Executed, FillChecked, Expired, ClaimFailed, Interrupted, Withdrawn)
+_SETTLING = (
+    Executed,
+    ClaimedAndExecuted,
+    FillChecked,
+    Expired,
+    ClaimFailed,
+    Interrupted,
+    Withdrawn,
+)
 """The changes that may give a row its final status (``FillRecorded`` keeps the status)."""
 
 
@@ -105,9 +114,9 @@ class RecordingOrderHistory:
         return await self._inner.count_since(user_id, since)
 
     def _record(self, change: OrderChange, row: OrderHistoryRecord) -> None:
-        if isinstance(change, Submitted):
+        if isinstance(change, Submitted | ClaimedAndExecuted):
             self._stage("queue", row.created_at, row.submitted_at)
-        elif isinstance(change, Executed):
+        if isinstance(change, Executed | ClaimedAndExecuted):
             self._stage("execution", row.submitted_at, self._clock.now())
             self._stage("fill", row.submitted_at, row.filled_at)
         elif isinstance(change, FillChecked) and change.filled_at is not None:

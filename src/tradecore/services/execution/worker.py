@@ -10,7 +10,16 @@ Execution of a request is crash-safe and idempotent:
    first, nothing is sent. A request that names its broker (``OrderRequest.broker_name``)
    is claimed without reading the row first; when that compare-and-set finds the row no
    longer ``queued`` (a duplicate delivery, a recovered or settled row, no row at all), the
-   worker reads the row and goes on from its status as below.
+   worker reads the row and goes on from its status as below. A broker that keeps nothing
+   of a placement until the order's outcome commits with it
+   (``Broker.placements_wait_for_outcome``: the paper broker in real mode) needs no claim
+   for a one-step plan: the worker places it and writes claim and outcome in one
+   compare-and-set from ``queued`` (``ClaimedAndExecuted``), one commit fewer. If that
+   write does not take (withdrawn, another execution recorded the order) or fails, the
+   order history tells the broker, which drops the placement; the worker goes on as for a
+   lost claim. A broker call that fails for good leaves the row ``failed`` as a failed
+   claim does. A plan of two steps (a reversal) is claimed first: its close is stored
+   before the entry is placed, so the row must say where the plan started.
 3. The broker steps are ``reversal.plan(position_before, ...)``, each sent with the client
    order id ``reversal.client_order_id(order_id, step)``. A row found ``submitted`` (the
    previous worker died mid-order) is re-planned from its recorded position and re-executed:
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 
@@ -59,8 +69,16 @@ from tradecore.audit import WORKER_CONTEXT, AuditAction, AuditEntry
 from tradecore.errors import BrokerDisconnected, CredentialsRejected
 from tradecore.fills import first_check_delay
 from tradecore.log_fields import LogFields, log_fields_bound
-from tradecore.order_lifecycle import ClaimFailed, Executed, Expired, Interrupted, Submitted
+from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
+    ClaimFailed,
+    Executed,
+    Expired,
+    Interrupted,
+    Submitted,
+)
 from tradecore.orders import (
+    Instruction,
     OrderError,
     OrderHistoryRecord,
     OrderRequest,
@@ -147,7 +165,7 @@ class UserWorker:
                 request.simulation,
                 request.credentials_ref,
             )
-            claimed = await self._claim(request, route, request.symbol)
+            claimed = await self._claim(request, route, request.instruction, request.quantity)
             if claimed is not None:
                 return await self._proceed(claimed, started)
             # Not queued: a duplicate delivery, a recovered or settled row, or no row.
@@ -157,7 +175,8 @@ class UserWorker:
             return _orphan_result(request)
         if row.status is OrderStatus.QUEUED:
             route = attrs.evolve(_route_of(row), credentials_ref=request.credentials_ref)
-            claimed = await self._claim(request, route, row.symbol)
+            instruction = to_instruction(row.action, row.order_type)
+            claimed = await self._claim(request, route, instruction, row.quantity)
             if claimed is None:
                 return await self._current(row)
             return await self._proceed(claimed, started)
@@ -177,16 +196,19 @@ class UserWorker:
     async def _proceed(self, claimed: OrderHistoryRecord, started: datetime) -> OrderResult:
         """Go on with a row this call, begun at ``started``, moved out of ``queued``."""
         if claimed.status is not OrderStatus.SUBMITTED:
-            return claimed.to_result()  # expired while queued, or the broker was unreachable
+            # expired while queued, the broker unreachable, or settled unclaimed
+            return claimed.to_result()
         fresh = (self._clock.now() - started).total_seconds() < FRESH_CLAIM_S
         return await self._run(claimed, fresh=fresh)
 
     async def _claim(
-        self, request: OrderRequest, route: Route, symbol: str
+        self, request: OrderRequest, route: Route, instruction: Instruction, quantity: Decimal
     ) -> OrderHistoryRecord | None:
         """Move the row out of ``queued`` (compare-and-set): to ``expired`` past
         ``request.expires_at``, ``failed`` when the broker is unreachable, else ``submitted``
-        with ``position_before``. None when the row is not ``queued`` (or missing)."""
+        with ``position_before``; or, when the broker keeps nothing of a one-step placement
+        until its outcome is written, straight to the outcome (``_execute_unclaimed``).
+        None when the row is not ``queued`` (or missing)."""
         order_id = request.order_id
         now = self._clock.now()
         if now >= request.expires_at:
@@ -196,13 +218,33 @@ class UserWorker:
                 await self._audit_expiry(row, now)
             return row
         try:
-            positions = await self._sessions.call(route, lambda broker: broker.positions())
-        except BrokerDisconnected:
-            return await self._orders.transition(order_id, ClaimFailed(_broker_unavailable()))
-        except CredentialsRejected as e:
-            return await self._orders.transition(order_id, ClaimFailed(_credentials_rejected(e)))
-        position_before = positions.get(symbol, Decimal(0))
-        return await self._orders.transition(order_id, Submitted(now, position_before))
+            positions, waits = await self._sessions.call(route, _positions_and_kind)
+        except (BrokerDisconnected, CredentialsRejected) as e:
+            return await self._orders.transition(order_id, ClaimFailed(_call_error(e)))
+        position_before = positions.get(request.symbol, Decimal(0))
+        claim = Submitted(now, position_before)
+        plan = reversal.plan(position_before, instruction, quantity)
+        if waits and len(plan.steps) == 1:
+            return await self._execute_unclaimed(request, route, plan, claim)
+        return await self._orders.transition(order_id, claim)
+
+    async def _execute_unclaimed(
+        self, request: OrderRequest, route: Route, plan: reversal.ExecutionPlan, claim: Submitted
+    ) -> OrderHistoryRecord | None:
+        """Place the one-step ``plan`` of the queued order without claiming it first, then
+        write the claim and the outcome in one compare-and-set from ``queued`` (module doc,
+        2). The step goes out as fresh: a placement stored earlier would have moved the row
+        out of ``queued`` with its outcome, so this write would not take and this
+        placement would be dropped with it. None when the write did not take."""
+        try:
+            executed = await self._execute_plan(
+                request.order_id, request.symbol, route, plan, fresh=True
+            )
+        except (BrokerDisconnected, CredentialsRejected) as e:
+            # Nothing kept at the broker: the failure leaves queued as a failed claim does.
+            return await self._orders.transition(request.order_id, ClaimFailed(_call_error(e)))
+        task = FillTask(request.order_id, request.user_id, request.trading_account_id)
+        return await self._settle(ClaimedAndExecuted(claim, executed), task)
 
     async def _audit_expiry(self, row: OrderHistoryRecord, now: datetime) -> None:
         """One audit entry for an order this worker expired (only the winner of the
@@ -234,6 +276,30 @@ class UserWorker:
         (one cut off by a disconnect may have reached the broker)."""
         position = row.position_before if row.position_before is not None else Decimal(0)
         plan = reversal.plan(position, to_instruction(row.action, row.order_type), row.quantity)
+        try:
+            executed = await self._execute_plan(
+                row.id, row.symbol, _route_of(row), plan, fresh=fresh
+            )
+        except (BrokerDisconnected, CredentialsRejected) as e:
+            failed = await self._orders.transition(row.id, Interrupted(_call_error(e)))
+            return failed.to_result() if failed is not None else await self._current(row)
+        updated = await self._settle(executed, _fill_task(row))
+        if updated is None:
+            return await self._current(row)
+        return updated.to_result()
+
+    async def _execute_plan(
+        self,
+        order_id: str,
+        symbol: str,
+        route: Route,
+        plan: reversal.ExecutionPlan,
+        *,
+        fresh: bool,
+    ) -> Executed:
+        """Send ``plan``'s steps through the route's connection (only the first attempt as
+        ``fresh``) and say what the outcome writes. Raises ``BrokerDisconnected`` after the
+        last reconnect and ``CredentialsRejected``."""
         attempts = 0
 
         async def execute_plan(broker: Broker) -> reversal.ExecutionOutcome:
@@ -241,22 +307,13 @@ class UserWorker:
             attempts += 1
             first = attempts == 1
             return await reversal.execute(
-                broker, self._sleeper, row.id, row.symbol, plan, fresh=fresh and first
+                broker, self._sleeper, order_id, symbol, plan, fresh=fresh and first
             )
 
-        try:
-            outcome = await self._sessions.call(_route_of(row), execute_plan)
-        except (BrokerDisconnected, CredentialsRejected) as e:
-            error = (
-                _credentials_rejected(e)
-                if isinstance(e, CredentialsRejected)
-                else _broker_unavailable()
-            )
-            failed = await self._orders.transition(row.id, Interrupted(error))
-            return failed.to_result() if failed is not None else await self._current(row)
+        outcome = await self._sessions.call(route, execute_plan)
         broker_order_id = outcome.broker_refs[-1] if outcome.broker_refs else None
         now = self._clock.now()
-        executed = Executed(
+        return Executed(
             status=outcome.status,
             order_id=broker_order_id,
             client_order_id=outcome.main_client_order_id,
@@ -270,31 +327,33 @@ class UserWorker:
             error=outcome.error,
             placed_at=now if outcome.broker_refs else None,
         )
-        if _placed(executed):  # the fill check goes out while the result commits (module doc, 4)
-            updated = await alongside(
-                self._orders.transition(row.id, executed), self._schedule_fill_check(row)
+
+    async def _settle(
+        self, change: Executed | ClaimedAndExecuted, task: FillTask
+    ) -> OrderHistoryRecord | None:
+        """Write the execution's outcome; when it placed broker orders, the fill check goes
+        out while it commits (module doc, 4). None when the compare-and-set did not take."""
+        executed = change if isinstance(change, Executed) else change.execution
+        if _placed(executed):
+            return await alongside(
+                self._orders.transition(task.order_id, change), self._send_fill_check(task)
             )
-        else:
-            updated = await self._orders.transition(row.id, executed)
-        if updated is None:
-            return await self._current(row)
-        return updated.to_result()
+        return await self._orders.transition(task.order_id, change)
 
     async def _settled(self, row: OrderHistoryRecord) -> OrderResult:
         """The result of ``row``, found settled by this call. Schedules its fill check when it
         has broker orders, since whoever settled it may not have (module doc, 4). Raises
         ``StoreUnavailable`` when the task could not be sent."""
         if _placed(row):
-            await self._schedule_fill_check(row)
+            await self._send_fill_check(_fill_task(row))
         return row.to_result()
 
-    async def _schedule_fill_check(self, row: OrderHistoryRecord) -> None:
-        """Send the row's first fill check. Raises ``StoreUnavailable`` when it could not be
-        sent. A repeated send for the same order (a send whose answer was lost, or a retry or
-        recovery that finds the row settled) is deduplicated by the queue by order id, within
-        its deduplication window, so the order gets one check series."""
-        task = FillTask(row.id, row.user_id, row.trading_account_id)
-        await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(row.id)))
+    async def _send_fill_check(self, task: FillTask) -> None:
+        """Send the order's first fill check. Raises ``StoreUnavailable`` when it could not
+        be sent. A repeated send for the same order (a send whose answer was lost, or a retry
+        or recovery that finds the row settled) is deduplicated by the queue by order id,
+        within its deduplication window, so the order gets one check series."""
+        await self._fill_tasks.send(task, first_check_delay(fill_check_jitter(task.order_id)))
 
     async def _current(self, row: OrderHistoryRecord) -> OrderResult:
         """The result of ``row`` as another call left it (through ``_settled`` once settled)."""
@@ -304,22 +363,31 @@ class UserWorker:
         return await self._settled(latest)
 
 
+async def _positions_and_kind(broker: Broker) -> tuple[Mapping[str, Decimal], bool]:
+    """The account's positions, and whether the broker keeps its placements only with their
+    outcome (``Broker.placements_wait_for_outcome``)."""
+    return await broker.positions(), broker.placements_wait_for_outcome
+
+
+def _fill_task(row: OrderHistoryRecord) -> FillTask:
+    return FillTask(row.id, row.user_id, row.trading_account_id)
+
+
 def _placed(row: OrderHistoryRecord | Executed) -> bool:
     """The settled row (or the execution about to settle it) has broker orders: it gets a fill
     check."""
     return row.client_order_id is not None and bool(row.broker_refs)
 
 
-def _broker_unavailable() -> OrderError:
+def _call_error(e: BrokerDisconnected | CredentialsRejected) -> OrderError:
+    """The order's error when its broker call failed for good."""
+    if isinstance(e, CredentialsRejected):
+        return OrderError(
+            RejectionCode.CREDENTIALS_REJECTED,
+            "The broker refused the account's credentials; update and verify them",
+            broker_message=str(e) or None,
+        )
     return OrderError(RejectionCode.BROKER_UNAVAILABLE, "Broker unreachable after 3 reconnects")
-
-
-def _credentials_rejected(e: CredentialsRejected) -> OrderError:
-    return OrderError(
-        RejectionCode.CREDENTIALS_REJECTED,
-        "The broker refused the account's credentials; update and verify them",
-        broker_message=str(e) or None,
-    )
 
 
 def _orphan_result(request: OrderRequest) -> OrderResult:
