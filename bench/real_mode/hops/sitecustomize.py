@@ -82,14 +82,16 @@ def _install() -> None:
     )
     wrap(RedisOrderQueue, "push", on_exit=lambda _, r: mark("pushed", r.order_id, r.user_id))
     wrap(OrderDispatcher, "_reply", on_exit=lambda _, order_id, *__: mark("replied", order_id))
-    # worker host: the take, the claim, the placement's result, the fill check, the completion
+    # worker host: the take, the position read, the placement's result with its claim (a
+    # one-step paper order is placed unclaimed), the fill check, the completion
     wrap(
         WorkerHost,
         "_execute",
         lambda _, user, __, r: mark("taken", r.order_id, user),
         lambda _, user, __, r: mark("completed", r.order_id, user),
     )
-    steps = {"Submitted": ("claim", "claimed"), "Executed": ("placed", "result")}
+    wrap(UserWorker, "_execute_unclaimed", lambda _, r, *__: mark("positioned", r.order_id))
+    steps = {"ClaimedAndExecuted": ("placed", "result")}
 
     def transition_mark(index: int) -> Callable[[Any, str, Any], None]:
         def hook(_: Any, order_id: str, change: Any) -> None:
@@ -100,7 +102,7 @@ def _install() -> None:
         return hook
 
     wrap(PostgresOrderHistory, "transition", transition_mark(0), transition_mark(1))
-    wrap(UserWorker, "_schedule_fill_check", on_exit=lambda _, row: mark("fill", row.id))
+    wrap(UserWorker, "_send_fill_check", on_exit=lambda _, task: mark("fill", task.order_id))
 
 
 if _DIR:
