@@ -18,7 +18,14 @@ from support import WaitingSave, queued_row, request_for, worker_over
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import ClaimedAndExecuted, OrderChange, Withdrawn, sources
-from tradecore.orders import OrderHistoryRecord, OrderRequest, OrderStatus, RejectionCode
+from tradecore.orders import (
+    AlertAction,
+    OrderHistoryRecord,
+    OrderRequest,
+    OrderStatus,
+    OrderType,
+    RejectionCode,
+)
 from tradecore.ports.broker import Broker, BrokerAccount, BrokerFactory, BrokerOrder
 from tradecore.services.execution.worker import UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock
@@ -166,6 +173,20 @@ async def test_a_second_host_executing_a_settled_order_places_nothing_that_lasts
     follow_up = await queued(orders, "ord-4")
     assert (await second.worker.execute(follow_up)).status is OrderStatus.FILLED
     assert second.exchange.positions(ACCOUNT) == {"BTCUSDT": Decimal(2)}  # one each, no more
+
+
+async def test_an_exit_with_nothing_to_close_is_settled_in_one_write(clock: FakeClock) -> None:
+    store = MemoryDocumentStore()
+    orders = SavingOrders(store)
+    row = queued_row("ord-7", user_id=USER, account_id=ACCOUNT, created_at=EPOCH)
+    row = attrs.evolve(row, action=AlertAction.SELL, order_type=OrderType.EXIT)
+    await orders.add(row)
+
+    result = await host(store, orders, clock).worker.execute(request_for(row))
+
+    assert result.status is OrderStatus.NO_POSITION
+    assert [c.step for c in orders.changes] == ["claim_and_execute"]
+    assert await store.load(BOOK) is None  # nothing placed, nothing saved
 
 
 async def test_a_reversal_is_claimed_before_its_close_is_placed(clock: FakeClock) -> None:

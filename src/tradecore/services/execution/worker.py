@@ -13,8 +13,9 @@ Execution of a request is crash-safe and idempotent:
    worker reads the row and goes on from its status as below. A broker that keeps nothing
    of a placement until the order's outcome commits with it
    (``Broker.placements_wait_for_outcome``: the paper broker in real mode) needs no claim
-   for a one-step plan: the worker places it and writes claim and outcome in one
-   compare-and-set from ``queued`` (``ClaimedAndExecuted``), one commit fewer. If that
+   for a plan of one step (or none: an exit with nothing to close): the worker places it
+   and writes claim and outcome in one compare-and-set from ``queued``
+   (``ClaimedAndExecuted``), one commit fewer. If that
    write does not take (withdrawn, another execution recorded the order) or fails, the
    order history tells the broker, which drops the placement; the worker goes on as for a
    lost claim. A broker call that fails for good leaves the row ``failed`` as a failed
@@ -206,8 +207,9 @@ class UserWorker:
     ) -> OrderHistoryRecord | None:
         """Move the row out of ``queued`` (compare-and-set): to ``expired`` past
         ``request.expires_at``, ``failed`` when the broker is unreachable, else ``submitted``
-        with ``position_before``; or, when the broker keeps nothing of a one-step placement
-        until its outcome is written, straight to the outcome (``_execute_unclaimed``).
+        with ``position_before``; or, when the broker keeps nothing of a placement until its
+        outcome is written and the plan has at most one step, straight to the outcome
+        (``_execute_unclaimed``).
         None when the row is not ``queued`` (or missing)."""
         order_id = request.order_id
         now = self._clock.now()
@@ -224,18 +226,18 @@ class UserWorker:
         position_before = positions.get(request.symbol, Decimal(0))
         claim = Submitted(now, position_before)
         plan = reversal.plan(position_before, instruction, quantity)
-        if waits and len(plan.steps) == 1:
+        if waits and len(plan.steps) <= 1:
             return await self._execute_unclaimed(request, route, plan, claim)
         return await self._orders.transition(order_id, claim)
 
     async def _execute_unclaimed(
         self, request: OrderRequest, route: Route, plan: reversal.ExecutionPlan, claim: Submitted
     ) -> OrderHistoryRecord | None:
-        """Place the one-step ``plan`` of the queued order without claiming it first, then
-        write the claim and the outcome in one compare-and-set from ``queued`` (module doc,
-        2). The step goes out as fresh: a placement stored earlier would have moved the row
-        out of ``queued`` with its outcome, so this write would not take and this
-        placement would be dropped with it. None when the write did not take."""
+        """Place the ``plan`` (one step or none) of the queued order without claiming it
+        first, then write the claim and the outcome in one compare-and-set from ``queued``
+        (module doc, 2). The step goes out as fresh: a placement stored earlier would have
+        moved the row out of ``queued`` with its outcome, so this write would not take and
+        this placement would be dropped with it. None when the write did not take."""
         try:
             executed = await self._execute_plan(
                 request.order_id, request.symbol, route, plan, fresh=True
