@@ -327,7 +327,8 @@ def main() -> None:
         "--client",
         choices=("aiohttp", "wrk"),
         default="aiohttp",
-        help="the closed loop's client: this process (aiohttp) or wrk (a C client)",
+        help="the closed loop's client: this process (aiohttp) or wrk (a C client, which "
+        "drives one API process: not with --apis above 1)",
     )
     parser.add_argument("--step-warmup", type=float, default=3.0)
     parser.add_argument("--step-duration", type=float, default=12.0)
@@ -347,6 +348,9 @@ def main() -> None:
         "(tests/contract/redis_cluster.py) instead of BENCH_REDIS_URL",
     )
     args = parser.parse_args()
+    if args.client == "wrk" and args.apis > 1:
+        # wrk sends every request to one address: the other API processes would sit idle
+        parser.error("--client wrk drives one API process; use the aiohttp client with --apis")
 
     # SIGTERM ends the run through the same cleanup as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
