@@ -416,3 +416,27 @@ def test_without_the_order_history_the_worker_claims_before_placing() -> None:
     _, factory = host(MemoryDocumentStore(), FakeClock())
     broker = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
     assert not broker.placements_wait_for_outcome
+
+
+async def test_a_dropped_placement_makes_every_connection_of_the_account_reload() -> None:
+    """The exchange in memory is the process's: once a placement is dropped there, another
+    connection to the same account (a worker that replaced one, say) reads the stored book
+    again instead of an account the exchange no longer holds."""
+    store, clock = CountingStore(), FakeClock()
+    outcomes = Outcomes(store)
+    factory = PersistentPaperBrokerFactory(
+        PaperExchange(), PaperExchange(), store, clock, with_order=outcomes
+    )
+    first = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    other = factory.open(BrokerAccount(ACCOUNT, "paper"), simulation=False)
+    await first.connect()
+    await other.connect()
+    await first.place_order("ord-27-entry", "BTCUSDT", Side.BUY, Decimal(1), fresh=True)
+    await outcomes.committed("ord-27")
+    await first.place_order("ord-28-entry", "BTCUSDT", Side.BUY, Decimal(1), fresh=True)
+
+    outcomes.not_taken("ord-28")
+
+    assert await other.positions() == {"BTCUSDT": Decimal(1)}
+    status = await other.order_status("ord-27-entry", "BTCUSDT")
+    assert status is not None and status.status is BrokerOrderStatus.FILLED

@@ -23,7 +23,8 @@ by the next call, as above. Such a broker's placements wait for the outcome
 (``placements_wait_for_outcome``): the worker places a one-step order unclaimed, and when
 that outcome does not take (another execution recorded the order, the API withdrew it) or
 its write fails, the order history says so (``discarded``): the account's state in memory
-is dropped, unsaved changes with it, and loaded from the store again by the next call.
+is dropped, unsaved changes with it, and loaded from the store again by the next call of any
+connection to the account (``SharedAccount``).
 
 Memory stays bounded however long the process runs: once everything is saved, an account
 keeps in memory its open orders and its last ``FINISHED_IN_MEMORY`` to twice that many
@@ -39,6 +40,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+import attrs
+
 from tradecore.orders import Side
 from tradecore.ports.broker import BrokerAccount, BrokerOrder
 from tradecore.ports.documents import DocumentStore, SavesWithOrder
@@ -47,6 +50,18 @@ from tradecore.ports.runtime import Clock, Sleeper
 from tradecore.reversal import order_of
 from tradecore_adapters.brokers.paper import PaperBroker, PaperConditions, PaperExchange
 from tradecore_adapters.brokers.registry import PAPER
+
+
+@attrs.define
+class SharedAccount:
+    """What every connection of one book and account in this process shares (the factory
+    gives them one): the orders whose save failed, saved with the next call through any of
+    them, and how many times a placement of the account was dropped (``discarded``): the
+    exchange then forgot the account, so a connection that loaded it before loads it again."""
+
+    unsaved: set[str] = attrs.Factory(set)
+    drops: int = 0
+
 
 FINISHED_IN_MEMORY = 32
 """Finished orders per account kept in memory after they were saved, at least (module doc):
@@ -67,7 +82,7 @@ class PersistentPaperBroker:
         conditions: PaperConditions | None = None,
         sleeper: Sleeper | None = None,
         prices: PriceSource | None = None,
-        unsaved: set[str],
+        shared: SharedAccount,
         with_order: SavesWithOrder | None = None,
     ) -> None:
         self._exchange = exchange
@@ -77,10 +92,9 @@ class PersistentPaperBroker:
             exchange, account_id, clock, conditions=conditions, sleeper=sleeper, prices=prices
         )
         self._prefix = f"paper:{book}:{account_id}"
-        self._loaded = False
-        # Orders whose save failed, saved with the next call. The factory gives every broker
-        # of one book and account the same set, so any of them catches up on the others'.
-        self._unsaved = unsaved
+        self._shared = shared
+        self._unsaved = shared.unsaved  # saved with the next call, through any connection
+        self._loaded_at: int | None = None  # ``shared.drops`` when this connection loaded
         self._with_order = with_order
 
     @property
@@ -99,13 +113,15 @@ class PersistentPaperBroker:
         await self._load()
 
     async def _load(self) -> None:
-        """Load the account's stored book, once, and again after a discarded placement."""
-        if self._loaded:
+        """Load the account's stored book, once, and again after a placement of the account
+        was dropped (through this connection or another)."""
+        if self._loaded_at == self._shared.drops:
             return
+        drops = self._shared.drops
         book = await self._store.load(self._prefix)
         if book is not None:
             self._exchange.import_book(self._account_id, book)
-        self._loaded = True
+        self._loaded_at = drops
 
     async def instruments(self) -> frozenset[str]:
         return await self._inner.instruments()
@@ -209,7 +225,7 @@ class PersistentPaperBroker:
         (``place_order`` saves that first), so what is dropped is that placement alone."""
         self._unsaved.clear()
         self._exchange.forget_account(self._account_id)
-        self._loaded = False
+        self._shared.drops += 1
 
     def _saved(self, client_order_ids: set[str]) -> None:
         self._unsaved.difference_update(client_order_ids)
@@ -244,7 +260,7 @@ class PersistentPaperBrokerFactory:
         self._sleeper = sleeper
         self._prices = prices
         self._with_order = with_order
-        self._unsaved: dict[tuple[str, str], set[str]] = {}
+        self._accounts: dict[tuple[str, str], SharedAccount] = {}
 
     def open(self, account: BrokerAccount, *, simulation: bool) -> PersistentPaperBroker:
         if not simulation and account.broker_name != PAPER:
@@ -259,7 +275,7 @@ class PersistentPaperBrokerFactory:
             conditions=self._conditions,
             sleeper=self._sleeper,
             prices=self._prices,
-            unsaved=self._unsaved.setdefault((book, account.trading_account_id), set()),
+            shared=self._accounts.setdefault((book, account.trading_account_id), SharedAccount()),
             with_order=self._with_order,
         )
 
