@@ -315,6 +315,27 @@ def _sources(step: Step, status: OrderStatus | None) -> frozenset[OrderStatus]:
     return found
 
 
+class PlacementKept(enum.Enum):
+    """Whether the venue state a placement changed is stored with the order's next change
+    (``SavesWithOrder``), by what that change is."""
+
+    ALWAYS = "always"  # the order was claimed first: store what the venue did, CAS or not
+    IF_APPLIED = "if_applied"  # placed unclaimed: only its execution's write, if it takes
+    NEVER = "never"  # placed unclaimed, and this change is not that execution
+
+
+def placement_kept(change: OrderChange) -> PlacementKept:
+    """For a placement waiting for the order's next change: a change that leaves a status
+    other than ``queued`` comes after a claim, so what the venue did is kept whatever its
+    compare-and-set finds; one that leaves ``queued`` follows a placement made unclaimed,
+    which only ``ClaimedAndExecuted`` records, and only if it takes."""
+    if OrderStatus.QUEUED not in sources(change):
+        return PlacementKept.ALWAYS
+    if isinstance(change, ClaimedAndExecuted):
+        return PlacementKept.IF_APPLIED
+    return PlacementKept.NEVER
+
+
 def _either(statuses: Iterable[OrderStatus]) -> str:
     names = [str(s) for s in statuses]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -74,9 +74,6 @@ class Sent:
         return [q for q in self.queries if q.startswith("INSERT INTO documents")]
 
     def transitions_with_documents(self) -> list[str]:
-        return [q for q in self.queries if q.startswith("WITH saved AS (INSERT INTO documents")]
-
-    def transitions_with_documents_if_updated(self) -> list[str]:
         return [q for q in self.queries if q.startswith("WITH updated AS (UPDATE order_history")]
 
     def clear(self) -> None:
@@ -482,7 +479,7 @@ async def test_unclaimed_executions_keep_only_the_documents_of_those_that_take(
 
     taken = [n for n in range(6) if n not in (1, 4)]
     assert [r is not None for r in results] == [n in taken for n in range(6)]
-    [merged] = sent.transitions_with_documents_if_updated()
+    [merged] = sent.transitions_with_documents()
     assert "FROM (VALUES" in merged
     assert sorted(told) == sorted(
         [("saved", n) for n in taken] + [("discarded", 1), ("discarded", 4)]

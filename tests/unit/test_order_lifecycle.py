@@ -22,11 +22,13 @@ from tradecore.order_lifecycle import (
     FillRecorded,
     Interrupted,
     OrderChange,
+    PlacementKept,
     ReportedFill,
     Step,
     Submitted,
     Withdrawn,
     next_status,
+    placement_kept,
     sources,
 )
 from tradecore.orders import OrderError, OrderHistoryRecord, OrderStatus, RejectionCode
@@ -249,3 +251,25 @@ def test_the_message_names_the_status_and_the_change() -> None:
         "illegal transition from submitted, pending, partially_filled or filled"
         " on check_fill to no_position"
     )
+
+
+def test_a_placement_is_kept_whatever_the_cas_finds_only_after_a_claim() -> None:
+    claim = Submitted(AT, Decimal(0))
+    executed = Executed(
+        _OS.FILLED,
+        "paper-1",
+        "o-entry",
+        ("paper-1",),
+        Decimal(10),
+        Decimal(1),
+        AT,
+        False,
+        Decimal(0),
+        None,
+        None,
+    )
+    assert placement_kept(executed) is PlacementKept.ALWAYS
+    assert placement_kept(Interrupted(ERROR)) is PlacementKept.ALWAYS
+    assert placement_kept(ClaimedAndExecuted(claim, executed)) is PlacementKept.IF_APPLIED
+    for other in (claim, ClaimFailed(ERROR), Expired(ERROR), Withdrawn()):
+        assert placement_kept(other) is PlacementKept.NEVER, other

@@ -17,7 +17,13 @@ import pytest
 from support import WaitingSave, queued_row, request_for, worker_over
 
 from tradecore.errors import BrokerDisconnected
-from tradecore.order_lifecycle import ClaimedAndExecuted, OrderChange, Withdrawn, sources
+from tradecore.order_lifecycle import (
+    ClaimedAndExecuted,
+    OrderChange,
+    PlacementKept,
+    Withdrawn,
+    placement_kept,
+)
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -41,8 +47,9 @@ BOOK = f"paper:live:{ACCOUNT}"
 class SavingOrders(MemoryOrderHistory):
     """Order history and ``SavesWithOrder`` over ``store``: a waiting save is written with the
     order's next transition; after a placement made unclaimed (a transition that leaves
-    ``queued``) only if that transition is its execution and takes, else discarded.
-    ``before_outcome`` runs just before an unclaimed outcome is written (a racing writer)."""
+    ``queued``) only if that transition is its execution and takes, else discarded: the
+    rule of ``placement_kept``, as in the Postgres adapter. ``before_outcome`` runs just
+    before an unclaimed outcome is written (a racing writer)."""
 
     def __init__(self, store: MemoryDocumentStore) -> None:
         super().__init__()
@@ -65,17 +72,17 @@ class SavingOrders(MemoryOrderHistory):
         if isinstance(change, ClaimedAndExecuted) and self.before_outcome is not None:
             await self.before_outcome(order_id)
         waiting = self.waiting.pop(order_id, None)
-        unclaimed = OrderStatus.QUEUED in sources(change)
-        if waiting is not None and unclaimed and not isinstance(change, ClaimedAndExecuted):
+        kept = placement_kept(change)
+        if waiting is not None and kept is PlacementKept.NEVER:
             waiting.discarded()
             waiting = None
         row = await super().transition(order_id, change)
         if waiting is not None:
-            if unclaimed and row is None:
-                waiting.discarded()
-            else:
+            if row is not None or kept is PlacementKept.ALWAYS:
                 await self.store.save_many(waiting.documents())
                 waiting.saved()
+            else:
+                waiting.discarded()
         return row
 
 

@@ -46,7 +46,8 @@ class SavesWithOrder(Protocol):
         """Save ``documents()`` (called when that write is built, so it holds the state of
         then) in the same transaction as the next ``OrderHistory.transition`` of order
         ``order_id``, then call ``saved()``. A later call for the same order replaces this
-        one. Nothing is saved before that transition. Which transition keeps them:
+        one. Nothing is saved before that transition. Which transition keeps them
+        (``order_lifecycle.placement_kept`` decides it from the change):
 
         * One that leaves a status other than ``queued``: the order was claimed before the
           venue placed it, so what the venue did is saved whether or not the

@@ -37,10 +37,10 @@ the batcher sends a merged statement by a raw cursor, since psycopg would otherw
   ``lock_key``).
 
 * **Transitions that save documents** (a venue's book handed to the order's outcome,
-  ``SavesWithOrder``): the same merged UPDATE with the documents' upsert as a CTE ahead of
-  it, one statement for every such transition of a batch that sets the same fields. Where
-  the documents are kept only if their transition takes (one that leaves ``queued``), the
-  merged UPDATE is the CTE and the upsert follows it, keeping the rows of updated orders.
+  ``SavesWithOrder``): the same merged UPDATE as a CTE with the documents' upsert after it,
+  one statement for every such transition of a batch that sets the same fields; each
+  document row says whether it is saved always or only if its order's row was updated
+  (``order_lifecycle.placement_kept``).
 
 Parameters read from the statements: a transition's are a mapping with ``order_id``,
 ``expected`` (the status texts it may leave) and ``set_<field>`` for each field it sets (and
@@ -51,7 +51,7 @@ mapping with every column of ``order_history`` by name.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -176,90 +176,57 @@ def transition_merge(fields: tuple[str, ...]) -> Merge:
 
 
 _DOCUMENT_ROWS = (
-    "SELECT d.name, d.body FROM jsonb_to_recordset({documents}::jsonb) AS d(name text, body jsonb)"
+    "SELECT d.name, d.body FROM jsonb_to_recordset({documents}::jsonb)"
+    " AS d(name text, body jsonb, order_id text, always boolean)"
+    " WHERE d.always OR d.order_id IN (SELECT id FROM updated)"
 )
 
 
-def documents_cte(placeholder: str) -> str:
-    """The data-modifying CTE that upserts the documents of one JSON parameter (an array of
-    ``{"name", "body"}`` objects, in name order: the order their rows are locked in), read by
-    ``jsonb_to_recordset`` as the audit batch is; the transition's UPDATE follows it."""
-    rows = _DOCUMENT_ROWS.replace("{documents}", placeholder)
-    return "WITH saved AS (" + upsert_query(rows) + ") "
-
-
-def document_rows(documents: Mapping[str, Any], order_id: str) -> list[dict[str, Any]]:
-    """The JSON parameter of ``documents_cte`` and ``documents_if_updated`` for
-    ``documents`` (by name), saved with order ``order_id``'s transition."""
+def document_rows(
+    documents: Mapping[str, Any], order_id: str, *, always: bool
+) -> list[dict[str, Any]]:
+    """The JSON parameter of ``documents_after`` for ``documents`` (by name), saved with
+    order ``order_id``'s transition: ``always``, or only if that transition takes."""
     return [
-        {"name": name, "body": documents[name], "order_id": order_id} for name in sorted(documents)
+        {"name": name, "body": documents[name], "order_id": order_id, "always": always}
+        for name in sorted(documents)
     ]
 
 
-_DOCUMENT_ROWS_IF_UPDATED = (
-    "SELECT d.name, d.body FROM jsonb_to_recordset({documents}::jsonb)"
-    " AS d(name text, body jsonb, order_id text) WHERE d.order_id IN (SELECT id FROM updated)"
-)
-
-
-_UPDATED = " SELECT * FROM updated"
-
-
-def documents_if_updated(update: str, placeholder: str) -> str:
+def documents_after(update: str, placeholder: str) -> str:
     """``update`` (an UPDATE of ``order_history`` RETURNING its rows) as a CTE, then the
-    upsert of the documents of one JSON parameter (``document_rows``) whose order that
-    UPDATE changed, the changed rows the statement's result: a transition whose
-    compare-and-set does not take saves nothing (``SavesWithOrder``, a transition that
-    leaves ``queued``). The order rows are locked first, then the documents in name
-    order."""
-    rows = _DOCUMENT_ROWS_IF_UPDATED.replace("{documents}", placeholder)
+    upsert of the documents of one JSON parameter (``document_rows``, in name order) that
+    are saved ``always`` or whose order that UPDATE changed; the changed rows are the
+    statement's result. One statement: one round trip, one commit. The order rows are
+    locked first, then the documents in name order."""
+    rows = _DOCUMENT_ROWS.replace("{documents}", placeholder)
     return "WITH updated AS (" + update + "), saved AS (" + upsert_query(rows) + ")" + _UPDATED
 
 
-def _merge_with_documents(
-    fields: tuple[str, ...], kind: str, statement: Callable[[str, str], str]
-) -> Merge:
-    """The merge of transitions that set ``fields`` and save documents with them: the
-    statements' merged UPDATE and one JSON parameter of all their documents, in name order,
-    put together by ``statement(update, placeholder)``."""
-    types, head, tail = _transition_parts(fields)
-
-    def combine(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
-        params: list[Any] = []
-        rows: list[dict[str, Any]] = []
-        for each in statements:
-            params += _transition_params(each, fields)
-            rows += _mapping(each)["documents"].obj
-        rows.sort(key=lambda row: str(row["name"]))
-        update = head + numbered_values(types, len(statements)) + tail
-        return statement(update, f"${len(params) + 1}"), [*params, Jsonb(rows)]
-
-    return Merge((kind, fields), combine, _split_transitions)
+_UPDATED = " SELECT * FROM updated"
 
 
 @functools.lru_cache(maxsize=64)
 def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
     """The merge of transitions that set ``fields`` and save documents with them
     (``SavesWithOrder``, parameter ``documents``: a ``Jsonb`` of ``document_rows``): the
-    merged UPDATE behind one ``documents_cte`` of every statement's documents, in name
-    order, so the whole is ONE statement. Two of them saving one name make the upsert fail
+    merged UPDATE in one ``documents_after`` of every statement's documents, in name order,
+    so the whole is ONE statement. Two of them saving one name make the upsert fail
     ("cannot affect row a second time"), and the batch is written again one statement at a
     time, as any failed batch."""
-    return _merge_with_documents(
-        fields,
-        "order_history:transition+documents",
-        lambda update, placeholder: documents_cte(placeholder) + update,
-    )
+    types, head, tail = _transition_parts(fields)
 
+    def combine(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
+        params: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        for statement in statements:
+            params += _transition_params(statement, fields)
+            rows += _mapping(statement)["documents"].obj
+        rows.sort(key=lambda row: str(row["name"]))
+        update = head + numbered_values(types, len(statements)) + tail
+        return documents_after(update, f"${len(params) + 1}"), [*params, Jsonb(rows)]
 
-@functools.lru_cache(maxsize=64)
-def transition_with_documents_if_updated_merge(fields: tuple[str, ...]) -> Merge:
-    """As ``transition_with_documents_merge``, for transitions whose documents are saved
-    only if their own compare-and-set takes: the merged UPDATE in ``documents_if_updated``,
-    each document row kept by its order id."""
-    return _merge_with_documents(
-        fields, "order_history:transition+documents-if-updated", documents_if_updated
-    )
+    return Merge(("order_history:transition+documents", fields), combine, _split_transitions)
 
 
 # --- adds ----------------------------------------------------------------------------------

@@ -21,13 +21,13 @@ multi-row statement each (``order_writes``).
 
 A venue that keeps its state in this database (the paper broker in real mode) may hand its
 save to the order's next transition (``save_with_order``, the ``SavesWithOrder`` port): the
-documents' upsert and the transition are then ONE statement (the upsert a CTE ahead of the
-UPDATE; merged with the batch's other such transitions, ``order_writes``), one round trip
-and one commit for both, and the documents are stored even when the compare-and-set finds
-the row moved on (they record what the venue did, whichever process records the order).
-A placement made without a claim (a transition that leaves ``queued``) is the exception:
-its documents follow the UPDATE in the statement and are kept only if it took; else the
-venue is told to drop them (``discarded``).
+transition and the documents' upsert are then ONE statement (the UPDATE a CTE, the upsert
+after it; merged with the batch's other such transitions, ``order_writes``), one round trip
+and one commit for both. After a claim the documents are stored even when the
+compare-and-set finds the row moved on (they record what the venue did, whichever process
+records the order); a placement made without a claim is kept only by its execution's write,
+if it takes, and the venue is told to drop it otherwise (``discarded``;
+``order_lifecycle.placement_kept``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from psycopg.types.json import Jsonb
 
 from tradecore import order_lifecycle
 from tradecore.errors import DuplicateOrder
-from tradecore.order_lifecycle import ClaimedAndExecuted, OrderChange
+from tradecore.order_lifecycle import OrderChange, PlacementKept, placement_kept
 from tradecore.orders import (
     AlertAction,
     OrderError,
@@ -58,10 +58,8 @@ from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher
 from tradecore_adapters.postgres.order_writes import (
     ADD_MERGE,
     document_rows,
-    documents_cte,
-    documents_if_updated,
+    documents_after,
     transition_merge,
-    transition_with_documents_if_updated_merge,
     transition_with_documents_merge,
 )
 from tradecore_adapters.postgres.pool import Pool
@@ -210,16 +208,9 @@ def _transition_query(fields: tuple[str, ...]) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _transition_with_documents_query(fields: tuple[str, ...]) -> str:
-    """``_transition_query`` behind the upsert of the ``documents`` parameter (a CTE), so
-    both are one statement: one round trip, one commit."""
-    return documents_cte("%(documents)s") + _transition_query(fields)
-
-
-@functools.lru_cache(maxsize=64)
-def _transition_if_updated_query(fields: tuple[str, ...]) -> str:
-    """``_transition_query`` with the upsert of the ``documents`` parameter after it, kept
-    only if the compare-and-set takes: one statement, one round trip, one commit."""
-    return documents_if_updated(_transition_query(fields), "%(documents)s")
+    """``_transition_query`` with the upsert of the ``documents`` parameter after it, in
+    ONE statement (``order_writes.documents_after``)."""
+    return documents_after(_transition_query(fields), "%(documents)s")
 
 
 @functools.lru_cache(maxsize=64)
@@ -286,9 +277,8 @@ class PostgresOrderHistory:
         written = tuple(fields)
         key = ("order_history", order_id)
         waiting = self._with_order.pop(order_id, None)
-        # Placed unclaimed (the port's second case): kept only by the execution, if it takes.
-        unclaimed = OrderStatus.QUEUED in leaves
-        if waiting is not None and unclaimed and not isinstance(change, ClaimedAndExecuted):
+        kept = None if waiting is None else placement_kept(change)
+        if waiting is not None and kept is PlacementKept.NEVER:
             waiting.discarded()
             waiting = None
         if waiting is None:
@@ -296,26 +286,27 @@ class PostgresOrderHistory:
             statement = Statement(
                 _transition_query(written), params, key, transition_merge(written)
             )
-        else:  # the documents' upsert and the transition in ONE statement (order_writes)
-            params["documents"] = Jsonb(document_rows(waiting.documents(), order_id))
-            if unclaimed:
-                query = _transition_if_updated_query(written)
-                merge = transition_with_documents_if_updated_merge(written)
-            else:
-                query = _transition_with_documents_query(written)
-                merge = transition_with_documents_merge(written)
-            statement = Statement(query, params, key, merge)
+        else:  # the transition and the documents' upsert in ONE statement (order_writes)
+            always = kept is PlacementKept.ALWAYS
+            rows = document_rows(waiting.documents(), order_id, always=always)
+            params["documents"] = Jsonb(rows)
+            statement = Statement(
+                _transition_with_documents_query(written),
+                params,
+                key,
+                transition_with_documents_merge(written),
+            )
         try:
             updated = (await self._writes.run(statement)).rows
         except BaseException:
-            if waiting is not None and unclaimed:
+            if waiting is not None and kept is PlacementKept.IF_APPLIED:
                 waiting.discarded()  # it may or may not have committed: the caller re-reads
             raise
         if waiting is not None:
-            if unclaimed and not updated:
-                waiting.discarded()
-            else:
+            if updated or kept is PlacementKept.ALWAYS:
                 waiting.saved()
+            else:
+                waiting.discarded()
         return order_from_row(updated[0]) if updated else None
 
     def save_with_order(
