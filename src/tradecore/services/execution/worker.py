@@ -225,9 +225,10 @@ class UserWorker:
             return await self._orders.transition(order_id, ClaimFailed(_call_error(e)))
         position_before = positions.get(request.symbol, Decimal(0))
         claim = Submitted(now, position_before)
-        plan = reversal.plan(position_before, instruction, quantity)
-        if waits and len(plan.steps) <= 1:
-            return await self._execute_unclaimed(request, route, plan, claim)
+        if waits:  # the plan is made here only then: a claimed row is planned by ``_run``
+            plan = reversal.plan(position_before, instruction, quantity)
+            if len(plan.steps) <= 1:
+                return await self._execute_unclaimed(request, route, plan, claim)
         return await self._orders.transition(order_id, claim)
 
     async def _execute_unclaimed(
