@@ -22,7 +22,7 @@ from tradecore.orders import (
     OrderType,
     Source,
 )
-from tradecore.ports.broker import BrokerFactory
+from tradecore.ports.broker import Broker, BrokerAccount, BrokerFactory, BrokerOrder
 from tradecore.ports.repositories import OrderHistory
 from tradecore.services.accounts.provisioning import NewAccount
 from tradecore.services.execution.worker import UserWorker
@@ -170,6 +170,31 @@ def worker_over(
         FakeSleeper(clock),
         accounts=NO_ACCOUNTS,
     )
+
+
+class AfterPlacing:
+    """A broker factory whose brokers run ``then(client_order_id)`` right after each
+    placement went out: the broker accepted (and recorded) it, and ``then`` may raise so that
+    its answer is lost (a crash, a dropped line)."""
+
+    def __init__(self, inner: BrokerFactory, then: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._then = then
+
+    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
+        broker = self._inner.open(account, simulation=simulation)
+        original = broker.place_order
+
+        async def place_then(client_order_id: str, *args: Any, **kwargs: Any) -> BrokerOrder:
+            placed = await original(client_order_id, *args, **kwargs)
+            self._then(client_order_id)
+            return placed
+
+        broker.place_order = place_then  # type: ignore[method-assign]
+        return broker
+
+    def venues(self) -> frozenset[str]:
+        return self._inner.venues()
 
 
 class NoStoredAccounts:

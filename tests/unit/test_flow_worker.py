@@ -9,11 +9,10 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
-from support import NO_ACCOUNTS, Trader, make_trader
+from support import NO_ACCOUNTS, AfterPlacing, Trader, make_trader
 
 from tradecore.audit import AuditAction
 from tradecore.orders import OrderRequest, OrderResult, OrderStatus, RejectionCode
-from tradecore.ports.broker import Broker, BrokerAccount
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import HostSettings, WorkerHost
 from tradecore.services.orders.outcomes import Accepted, Queued
@@ -28,22 +27,9 @@ class Crash(Exception):
     """Stands for the worker process dying."""
 
 
-class CrashAfterPlacing:
-    """A broker factory whose brokers die right after the broker accepted an order."""
-
-    def __init__(self, inner: PaperBrokerFactory) -> None:
-        self._inner = inner
-
-    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
-        broker = self._inner.open(account, simulation=simulation)
-        original = broker.place_order
-
-        async def place_then_die(*args, **kwargs):  # type: ignore[no-untyped-def]
-            await original(*args, **kwargs)
-            raise Crash
-
-        broker.place_order = place_then_die  # type: ignore[method-assign]
-        return broker
+def die(_: str) -> None:
+    """After any placement: the worker dies before it hears the broker's answer."""
+    raise Crash
 
 
 def factory(system: System) -> PaperBrokerFactory:
@@ -120,7 +106,7 @@ async def test_crash_mid_order_is_recovered_without_a_second_broker_order(
     dying = UserWorker(
         trader.user.id,
         embedded.orders,
-        CrashAfterPlacing(factory(embedded)),
+        AfterPlacing(factory(embedded), die),
         embedded.fill_tasks,
         clock,
         FakeSleeper(clock),

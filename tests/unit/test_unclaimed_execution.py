@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
-from support import WaitingSave, queued_row, request_for, worker_over
+from support import AfterPlacing, WaitingSave, queued_row, request_for, worker_over
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import (
@@ -32,7 +32,7 @@ from tradecore.orders import (
     OrderType,
     RejectionCode,
 )
-from tradecore.ports.broker import Broker, BrokerAccount, BrokerFactory, BrokerOrder
+from tradecore.ports.broker import BrokerFactory
 from tradecore.services.execution.worker import UserWorker
 from tradecore.testing.clock import EPOCH, FakeClock
 from tradecore_adapters.brokers.paper import PaperExchange
@@ -212,25 +212,17 @@ async def test_a_reversal_is_claimed_before_its_close_is_placed(clock: FakeClock
     assert book is not None and book["holdings"]["BTCUSDT"]["quantity"] == "1"
 
 
-class LineDropsAfterPlacing:
+def line_drops_after_placing(
+    brokers: PersistentPaperBrokerFactory, exchange: PaperExchange
+) -> AfterPlacing:
     """Brokers whose line drops for good right after a placement went out: its answer is
     lost and every reconnect is refused."""
 
-    def __init__(self, inner: PersistentPaperBrokerFactory, exchange: PaperExchange) -> None:
-        self._inner = inner
-        self._exchange = exchange
+    def drop(_: str) -> None:
+        exchange.disconnect(ACCOUNT, refuse_reconnects=100)
+        raise BrokerDisconnected("line dropped after the order went out")
 
-    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
-        broker = self._inner.open(account, simulation=simulation)
-        original = broker.place_order
-
-        async def place_then_drop(*args: Any, **kwargs: Any) -> BrokerOrder:
-            await original(*args, **kwargs)
-            self._exchange.disconnect(ACCOUNT, refuse_reconnects=100)
-            raise BrokerDisconnected("line dropped after the order went out")
-
-        broker.place_order = place_then_drop  # type: ignore[method-assign]
-        return broker
+    return AfterPlacing(brokers, drop)
 
 
 async def test_a_broker_lost_after_an_unclaimed_placement_fails_the_order_keeping_nothing(
@@ -239,7 +231,7 @@ async def test_a_broker_lost_after_an_unclaimed_placement_fails_the_order_keepin
     store = MemoryDocumentStore()
     orders = SavingOrders(store)
     request = await queued(orders, "ord-6")
-    worker_host = host(store, orders, clock, LineDropsAfterPlacing)
+    worker_host = host(store, orders, clock, line_drops_after_placing)
 
     result = await worker_host.worker.execute(request)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 import pytest
-from support import NO_ACCOUNTS, queued_row, request_for, worker_over
+from support import NO_ACCOUNTS, AfterPlacing, queued_row, request_for, worker_over
 
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import OrderChange, Submitted
@@ -73,6 +73,11 @@ class Crash(Exception):
     """Stands for the worker process dying."""
 
 
+def crash_if(dies: bool) -> None:
+    if dies:
+        raise Crash
+
+
 @attrs.frozen
 class Process:
     """One worker host process: its own paper exchange in memory; the store is shared."""
@@ -122,27 +127,6 @@ async def test_a_fresh_order_is_claimed_without_a_read_and_placed_without_a_reca
     assert await store.load(f"{BOOK}:order:ord-1-entry") is not None  # still persisted
 
 
-class CrashAfterPlacing:
-    """Brokers that die right after the broker accepted (and stored) the order ``crash_on``."""
-
-    def __init__(self, inner: PersistentPaperBrokerFactory, crash_on: str) -> None:
-        self._inner = inner
-        self._crash_on = crash_on
-
-    def open(self, account: BrokerAccount, *, simulation: bool) -> Broker:
-        broker = self._inner.open(account, simulation=simulation)
-        original = broker.place_order
-
-        async def place_then_die(client_order_id: str, *args: Any, **kwargs: Any) -> BrokerOrder:
-            placed = await original(client_order_id, *args, **kwargs)
-            if client_order_id == self._crash_on:
-                raise Crash
-            return placed
-
-        broker.place_order = place_then_die  # type: ignore[method-assign]
-        return broker
-
-
 @pytest.mark.parametrize("crash_on", ["ord-2-close", "ord-2-entry"])
 async def test_an_order_recovered_on_another_host_is_recalled_and_not_placed_twice(
     clock: FakeClock, crash_on: str
@@ -155,7 +139,7 @@ async def test_an_order_recovered_on_another_host_is_recalled_and_not_placed_twi
     dying = UserWorker(
         USER,
         orders,
-        CrashAfterPlacing(factory, crash_on),
+        AfterPlacing(factory, lambda placed: crash_if(placed == crash_on)),
         MemoryFillTaskQueue(clock),
         clock,
         FakeSleeper(clock),
