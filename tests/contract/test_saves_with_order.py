@@ -16,17 +16,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from test_order_transitions import UNREACHABLE, executed
 from test_repositories import T0, order, postgres_stores, two_users_with_accounts
 
 from tradecore.errors import DatabaseUnavailable
 from tradecore.order_lifecycle import (
     ClaimedAndExecuted,
     ClaimFailed,
-    Executed,
     Submitted,
     Withdrawn,
 )
-from tradecore.orders import OrderError, OrderStatus, RejectionCode
+from tradecore.orders import OrderStatus
 from tradecore_adapters.postgres import Pool, PostgresDocumentStore, PostgresOrderHistory
 from tradecore_adapters.postgres.group_commit import Statement, shared_batcher
 from tradecore_adapters.postgres.rows import fetch_one
@@ -34,21 +34,9 @@ from tradecore_adapters.postgres.rows import fetch_one
 pytestmark = pytest.mark.postgres
 
 CLAIM = Submitted(T0, Decimal(0))
-EXECUTED = Executed(
-    OrderStatus.FILLED,
-    "paper-1",
-    "o-1-entry",
-    ("paper-1",),
-    Decimal(100),
-    Decimal(1),
-    T0,
-    False,
-    Decimal(0),
-    None,
-    None,
-)
+EXECUTED = executed(OrderStatus.FILLED)
 UNCLAIMED = ClaimedAndExecuted(CLAIM, EXECUTED)
-UNREACHABLE = ClaimFailed(OrderError(RejectionCode.BROKER_UNAVAILABLE, "unreachable"))
+UNREACHABLE_CLAIM = ClaimFailed(UNREACHABLE)
 
 
 class Calls:
@@ -206,7 +194,7 @@ async def test_an_unclaimed_placement_is_kept_by_no_other_change(pg_pool: Pool) 
     calls = Calls()
     orders.save_with_order("o-1", lambda: {"paper:book": {"cash": "7"}}, *_told(calls))
 
-    row = await orders.transition("o-1", UNREACHABLE)
+    row = await orders.transition("o-1", UNREACHABLE_CLAIM)
 
     assert row is not None and row.status is OrderStatus.FAILED
     assert await PostgresDocumentStore(pg_pool).load("paper:book") is None

@@ -37,6 +37,10 @@ _OS = OrderStatus
 AT = datetime(2025, 5, 6, 7, 8, 9, tzinfo=UTC)
 ERROR = OrderError(RejectionCode.BROKER_UNAVAILABLE, "Broker unreachable after 3 reconnects")
 CHECKED = frozenset({_OS.SUBMITTED, _OS.PENDING, _OS.PARTIALLY_FILLED, _OS.FILLED})
+FILLED = Executed(
+    _OS.FILLED, "paper-1", "o-entry", ("paper-1",), Decimal(10), Decimal(1), AT, False,
+    Decimal(0), None, None,
+)  # fmt: skip
 
 statuses = st.sampled_from(list(OrderStatus))
 amounts = st.decimals(min_value=0, max_value=10**6, places=4)
@@ -167,19 +171,7 @@ def test_the_callers_compare_and_set_is_what_it_was() -> None:
 
 def test_a_claim_with_its_execution_writes_both_and_settles_in_the_executions_status() -> None:
     claim = Submitted(AT, Decimal(3))
-    executed = Executed(
-        _OS.FILLED,
-        "paper-1",
-        "o-entry",
-        ("paper-1",),
-        Decimal(10),
-        Decimal(1),
-        AT,
-        False,
-        Decimal(0),
-        None,
-        None,
-    )
+    executed = FILLED
     both = ClaimedAndExecuted(claim, executed)
     assert both.status is _OS.FILLED
     assert both.fields() == {**executed.fields(), "submitted_at": AT, "position_before": 3}
@@ -255,19 +247,7 @@ def test_the_message_names_the_status_and_the_change() -> None:
 
 def test_a_placement_is_kept_whatever_the_cas_finds_only_after_a_claim() -> None:
     claim = Submitted(AT, Decimal(0))
-    executed = Executed(
-        _OS.FILLED,
-        "paper-1",
-        "o-entry",
-        ("paper-1",),
-        Decimal(10),
-        Decimal(1),
-        AT,
-        False,
-        Decimal(0),
-        None,
-        None,
-    )
+    executed = FILLED
     assert placement_kept(executed) is PlacementKept.ALWAYS
     assert placement_kept(Interrupted(ERROR)) is PlacementKept.ALWAYS
     assert placement_kept(ClaimedAndExecuted(claim, executed)) is PlacementKept.IF_APPLIED
