@@ -38,6 +38,7 @@ from tradecore.ports.repositories import (
     ApiKeyRepository,
     AuditLog,
     OrderHistory,
+    OrderIntentLog,
     SessionRepository,
     TradingAccountRepository,
     UserRepository,
@@ -79,6 +80,7 @@ from tradecore_adapters.memory.repositories import (
     MemoryApiKeyRepository,
     MemoryAuditLog,
     MemoryOrderHistory,
+    MemoryOrderIntentLog,
     MemorySessionRepository,
     MemoryTradingAccountRepository,
     MemoryUserRepository,
@@ -93,6 +95,7 @@ from tradecore_adapters.postgres import (
     PostgresApiKeyRepository,
     PostgresAuditLog,
     PostgresDocumentStore,
+    PostgresIntentLog,
     PostgresOrderHistory,
     PostgresPasswordResetTokens,
     PostgresSessionRepository,
@@ -148,6 +151,7 @@ class AdapterSet(containers.DeclarativeContainer):
     accounts: providers.Provider[TradingAccountRepository] = port(TradingAccountRepository)
     orders: providers.Provider[OrderHistory] = port(OrderHistory)
     audit: providers.Provider[AuditLog] = port(AuditLog)
+    intents: providers.Provider[OrderIntentLog] = port(OrderIntentLog)
     resets: providers.Provider[PasswordResetTokens] = port(PasswordResetTokens)
     documents: providers.Provider[DocumentStore] = port(DocumentStore)
     schema: providers.Provider[SchemaLedger] = port(SchemaLedger)
@@ -207,6 +211,7 @@ class MemoryAdapters(AdapterSet):
     orders = providers.Singleton(MemoryOrderHistory)
     accounts = providers.Singleton(MemoryTradingAccountRepository, users, allowed_ips, orders)
     audit = providers.Singleton(MemoryAuditLog)
+    intents = providers.Singleton(MemoryOrderIntentLog, orders, audit)
     resets = providers.Singleton(MemoryPasswordResetTokens)
     documents = providers.Singleton(MemoryDocumentStore)
     schema = providers.Singleton(MemorySchemaLedger)
@@ -273,6 +278,7 @@ class PostgresRedisAdapters(AdapterSet):
     )
     orders = providers.Singleton(PostgresOrderHistory, stores.provided.pool)
     audit = providers.Singleton(PostgresAuditLog, stores.provided.pool)
+    intents = providers.Singleton(PostgresIntentLog, audit)
     resets = providers.Singleton(PostgresPasswordResetTokens, stores.provided.pool)
     documents = providers.Singleton(PostgresDocumentStore, stores.provided.pool)
     schema = providers.Singleton(PostgresSchemaLedger, stores.provided.pool)

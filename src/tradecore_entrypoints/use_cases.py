@@ -206,7 +206,7 @@ class UseCases(containers.DeclarativeContainer):
     )
     dispatcher = providers.Singleton(
         OrderDispatcher,
-        adapters.orders,
+        adapters.intents,
         adapters.queue,
         adapters.directory,
         core.random,

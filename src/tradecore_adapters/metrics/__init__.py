@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from tradecore_adapters.metrics.gauges import StateGauges
 from tradecore_adapters.metrics.http_metrics import metrics_middleware
-from tradecore_adapters.metrics.recorders import RecordingAuditLog, RecordingOrderHistory
+from tradecore_adapters.metrics.recorders import (
+    RecordingAuditLog,
+    RecordingIntentLog,
+    RecordingOrderHistory,
+)
 from tradecore_adapters.metrics.registry import ProcessMetrics
 from tradecore_adapters.metrics.server import MetricsServer
 
@@ -17,6 +21,7 @@ __all__ = [
     "MetricsServer",
     "ProcessMetrics",
     "RecordingAuditLog",
+    "RecordingIntentLog",
     "RecordingOrderHistory",
     "StateGauges",
     "metrics_middleware",

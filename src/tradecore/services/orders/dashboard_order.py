@@ -14,7 +14,7 @@ from decimal import Decimal
 import attrs
 
 from tradecore.attacks import ip_blocked_metadata
-from tradecore.audit import AuditAction, RequestContext
+from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.identity import User
 from tradecore.instruments import resolve_symbol
 from tradecore.netaddr import ip_allowed
@@ -92,15 +92,15 @@ class DashboardOrders:
             )
             return IP_NOT_ALLOWED
 
-        async def audit(success: bool, error: str | None, order_id: str | None = None) -> None:
+        async def refused(error: str) -> None:
             await self._events.record(
                 AuditAction.DASHBOARD_ORDER,
                 context,
                 user_id=user.id,
-                success=success,
+                success=False,
                 error_message=error,
-                resource_type="order" if order_id else "trading_account",
-                resource_id=order_id or account.id,
+                resource_type="trading_account",
+                resource_id=account.id,
                 metadata={"trading_account_id": account.id, "simulation": simulation},
             )
 
@@ -115,7 +115,7 @@ class DashboardOrders:
             now=now,
         )
         if refusal is not None:
-            await audit(False, refusal.detail)
+            await refused(refusal.detail)
             return refusal
         intent = OrderIntent(
             user=user,
@@ -129,14 +129,22 @@ class DashboardOrders:
             admitted_at=self._clock.now(),
         )
 
-        async def record_order(order_id: str) -> None:
-            await audit(True, None, order_id)
+        def success_entry(order_id: str) -> AuditEntry:
+            return self._events.entry(
+                AuditAction.DASHBOARD_ORDER,
+                context,
+                user_id=user.id,
+                success=True,
+                resource_type="order",
+                resource_id=order_id,
+                metadata={"trading_account_id": account.id, "simulation": simulation},
+            )
 
         dispatched = await self._dispatcher.dispatch(
-            intent, now=now, wait_s=self._settings.order_wait_s, on_committed=record_order
+            intent, now=now, wait_s=self._settings.order_wait_s, entry=success_entry
         )
         outcome = dispatched.outcome
         if isinstance(outcome, Rejected):
-            await audit(False, outcome.detail)
-        # a success's entry was written by record_order, while the worker had the order
+            await refused(outcome.detail)
+        # a success's entry was written with its intent
         return outcome
