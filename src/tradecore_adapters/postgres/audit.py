@@ -151,6 +151,10 @@ def _sealed(entries: list[AuditEntry], previous: str) -> tuple[list[dict[str, An
     return rows, seals
 
 
+def _lock_key(intent: Mapping[str, Any]) -> tuple[str, str, str]:
+    return intent["user_id"], intent["fingerprint"] or "", intent["id"]
+
+
 def _in_chain_order(ids: Mapping[str, int], seals: list[str]) -> list[int]:
     """The ids of the entries sealed ``seals``, by seal, in chain order (they must ascend)."""
     ordered = [ids[s] for s in seals]
@@ -266,7 +270,9 @@ class PostgresAuditLog:
         return await self._appends.submit(_Append(normalized(entry), intent))
 
     async def _append_batch(self, items: list[_Append]) -> list[int | None]:
-        intents = [item.intent for item in items if item.intent is not None]
+        # The intents in the order of their key rows' locks (the merged adds' order,
+        # ``order_writes``), so two processes' statements take them in the same order.
+        intents = sorted((item.intent for item in items if item.intent is not None), key=_lock_key)
         if not intents:
             return list(await self._append_entries([item.entry for item in items]))
         previous = self._head if self._head is not None else await self._read_head()
