@@ -22,15 +22,19 @@ from tradecore.orders import (
     OrderType,
     Source,
 )
+from tradecore.services.audit.events import SecurityEvents
 from tradecore.services.orders.dispatch import Dispatched, Duplicate, OrderDispatcher, OrderIntent
 from tradecore.services.orders.outcomes import Accepted, Queued
 from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
-from tradecore.testing.clock import EPOCH, SeededRandom
+from tradecore.testing.clock import EPOCH, FakeClock, SeededRandom
+from tradecore_adapters.mail.outbox import LoggingOutbox
+from tradecore_adapters.memory.protection import MemoryAlertThrottle
 from tradecore_adapters.memory.repositories import (
     MemoryAuditLog,
     MemoryOrderHistory,
     MemoryOrderIntentLog,
+    MemoryUserRepository,
 )
 
 USER = User("user-1", "ada@example.com", "h", Plan.PRO, EPOCH)
@@ -238,3 +242,18 @@ async def test_an_unexpected_reply_error_is_raised_with_the_order_recorded() -> 
     with pytest.raises(ValueError, match="undecodable"):
         await dispatcher(stores, queue).dispatch(INTENT, now=EPOCH, wait_s=5, entry=success_entry)
     assert len(stores.audit.all()) == 1 and await stores.rows() == 1
+
+
+def test_an_entry_written_beside_an_intent_is_never_an_attack_class() -> None:
+    """``SecurityEvents.entry`` builds the success entry written with an intent; an attack
+    class must go through ``record``, which sends its alert."""
+    clock = FakeClock()
+    events = SecurityEvents(
+        MemoryAuditLog(), MemoryUserRepository(), MemoryAlertThrottle(clock), LoggingOutbox(), clock
+    )
+
+    built = events.entry(AuditAction.WEBHOOK_ORDER, CONTEXT, user_id=USER.id, success=True)
+    assert built.created_at == clock.now() and built.success
+
+    with pytest.raises(ValueError, match="record"):
+        events.entry(AuditAction.WEBHOOK_REPLAY_ATTACK, CONTEXT, user_id=USER.id, success=False)
