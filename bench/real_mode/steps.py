@@ -72,7 +72,7 @@ HOPS = (
         "admitted",
     ),
     ("the remaining checks (plan, daily cap, credentials, symbol)", "admitted", "add"),
-    ("intent: the INSERT with its audit entry, committed", "add", "intent"),
+    ("intent: the INSERT, committed", "add", "intent"),
     ("push: the push script", "intent", "pushed"),
     ("take: the worker host's wake-up and LMOVE", "pushed", "taken"),
     ("position: the broker's positions", "taken", "positioned"),

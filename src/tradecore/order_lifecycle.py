@@ -2,8 +2,7 @@
 
 A row is born ``queued``, the durable intent. The worker then claims it (``submitted``), or
 finds it waited past its ``expires_at`` (``expired``), or cannot reach the broker to claim it
-(``failed``, nothing sent). The API never withdraws an intent: one it could not hand over
-is handed over again by the worker hosts' recovery.
+(``failed``, nothing sent); or the API, unable to hand it over, withdraws it (``cancelled``).
 A ``submitted`` row is settled by its execution in the status the broker's answer maps to, or
 ``failed`` when the broker connection dropped for good mid-execution. A queued row whose
 execution needed no claim (a venue that keeps nothing of a placement until the outcome
@@ -37,6 +36,7 @@ class Step(enum.StrEnum):
 
     CLAIM = "claim"  # Submitted
     EXPIRE = "expire"  # Expired
+    WITHDRAW = "withdraw"  # Withdrawn
     FAIL_CLAIM = "fail_claim"  # ClaimFailed
     INTERRUPT = "interrupt"  # Interrupted
     EXECUTE = "execute"  # Executed
@@ -74,6 +74,18 @@ class Expired:
 
     def fields(self) -> dict[str, object]:
         return {"status": self.status, "error": self.error}
+
+
+@attrs.frozen
+class Withdrawn:
+    """The API could not hand the order over: the intent is cancelled and its replay
+    fingerprint freed (set to None), since the order never executed."""
+
+    step: ClassVar[Step] = Step.WITHDRAW
+    status: ClassVar[OrderStatus] = OrderStatus.CANCELLED
+
+    def fields(self) -> dict[str, object]:
+        return {"status": self.status, "fingerprint": None}
 
 
 @attrs.frozen
@@ -211,6 +223,7 @@ class FillRecorded:
 OrderChange: TypeAlias = (
     Submitted
     | Expired
+    | Withdrawn
     | ClaimFailed
     | Interrupted
     | Executed
@@ -250,6 +263,7 @@ CHECKED = (_OS.SUBMITTED, _OS.PENDING, _OS.PARTIALLY_FILLED, _OS.FILLED)
 TRANSITIONS: dict[tuple[OrderStatus, Step], frozenset[OrderStatus]] = {
     (_OS.QUEUED, Step.CLAIM): _to(_OS.SUBMITTED),
     (_OS.QUEUED, Step.EXPIRE): _to(_OS.EXPIRED),
+    (_OS.QUEUED, Step.WITHDRAW): _to(_OS.CANCELLED),
     # Only from queued: a row another worker already claimed is that worker's to settle.
     (_OS.QUEUED, Step.FAIL_CLAIM): _to(_OS.FAILED),
     (_OS.SUBMITTED, Step.INTERRUPT): _to(_OS.FAILED),

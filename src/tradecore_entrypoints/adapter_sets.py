@@ -38,7 +38,6 @@ from tradecore.ports.repositories import (
     ApiKeyRepository,
     AuditLog,
     OrderHistory,
-    OrderIntentLog,
     SessionRepository,
     TradingAccountRepository,
     UserRepository,
@@ -80,7 +79,6 @@ from tradecore_adapters.memory.repositories import (
     MemoryApiKeyRepository,
     MemoryAuditLog,
     MemoryOrderHistory,
-    MemoryOrderIntentLog,
     MemorySessionRepository,
     MemoryTradingAccountRepository,
     MemoryUserRepository,
@@ -95,7 +93,6 @@ from tradecore_adapters.postgres import (
     PostgresApiKeyRepository,
     PostgresAuditLog,
     PostgresDocumentStore,
-    PostgresIntentLog,
     PostgresOrderHistory,
     PostgresPasswordResetTokens,
     PostgresSessionRepository,
@@ -151,7 +148,6 @@ class AdapterSet(containers.DeclarativeContainer):
     accounts: providers.Provider[TradingAccountRepository] = port(TradingAccountRepository)
     orders: providers.Provider[OrderHistory] = port(OrderHistory)
     audit: providers.Provider[AuditLog] = port(AuditLog)
-    intents: providers.Provider[OrderIntentLog] = port(OrderIntentLog)
     resets: providers.Provider[PasswordResetTokens] = port(PasswordResetTokens)
     documents: providers.Provider[DocumentStore] = port(DocumentStore)
     schema: providers.Provider[SchemaLedger] = port(SchemaLedger)
@@ -211,7 +207,6 @@ class MemoryAdapters(AdapterSet):
     orders = providers.Singleton(MemoryOrderHistory)
     accounts = providers.Singleton(MemoryTradingAccountRepository, users, allowed_ips, orders)
     audit = providers.Singleton(MemoryAuditLog)
-    intents = providers.Singleton(MemoryOrderIntentLog, orders, audit)
     resets = providers.Singleton(MemoryPasswordResetTokens)
     documents = providers.Singleton(MemoryDocumentStore)
     schema = providers.Singleton(MemorySchemaLedger)
@@ -278,7 +273,6 @@ class PostgresRedisAdapters(AdapterSet):
     )
     orders = providers.Singleton(PostgresOrderHistory, stores.provided.pool)
     audit = providers.Singleton(PostgresAuditLog, stores.provided.pool)
-    intents = providers.Singleton(PostgresIntentLog, audit)
     resets = providers.Singleton(PostgresPasswordResetTokens, stores.provided.pool)
     documents = providers.Singleton(PostgresDocumentStore, stores.provided.pool)
     schema = providers.Singleton(PostgresSchemaLedger, stores.provided.pool)

@@ -1,9 +1,8 @@
 """Metrics for one tradecore process: put the recorders in place and serve the operators' port.
 
 ``instrument(container)`` turns a container's metrics on before its first use: the adapter
-set is replaced by a subclass whose ``orders``, ``audit`` and ``intents`` are the recording
-decorators around the set's own adapters (everything else, the stores included, is the
-set's own), and
+set is replaced by a subclass whose ``orders`` and ``audit`` are the recording decorators
+around the set's own adapters (everything else, the stores included, is the set's own), and
 ``Core.metrics`` gives ``make_app`` the HTTP middleware. The core is not touched: it sees the
 same ports. ``metrics_endpoint`` then serves ``/metrics`` (and, on a worker host, the health
 checks) on METRICS_HOST:METRICS_PORT while the process runs.
@@ -26,7 +25,6 @@ from tradecore_adapters.metrics import (
     MetricsServer,
     ProcessMetrics,
     RecordingAuditLog,
-    RecordingIntentLog,
     RecordingOrderHistory,
     StateGauges,
 )
@@ -42,16 +40,15 @@ KNOWN_VENUES = frozenset({DEFAULT_BROKER, "alpaca", *DIALECTS})
 
 
 def instrumented(base: type[AdapterSet], metrics: ProcessMetrics) -> type[AdapterSet]:
-    """``base`` with its order history, audit log and intent log behind the recording
-    decorators (the set's other providers, and the set's own adapters inside the decorators,
-    are shared: one container instance copies them once)."""
+    """``base`` with its order history and audit log behind the recording decorators (the
+    set's other providers, and the set's own adapters inside the decorators, are shared:
+    one container instance copies them once)."""
 
     class Instrumented(base):  # type: ignore[valid-type,misc]
         orders = providers.Singleton(
             RecordingOrderHistory, base.orders, providers.Object(metrics), base.core.clock
         )
         audit = providers.Singleton(RecordingAuditLog, base.audit, providers.Object(metrics))
-        intents = providers.Singleton(RecordingIntentLog, base.intents, providers.Object(metrics))
 
     Instrumented.__name__ = Instrumented.__qualname__ = f"Instrumented{base.__name__}"
     return Instrumented

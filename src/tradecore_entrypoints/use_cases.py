@@ -206,7 +206,7 @@ class UseCases(containers.DeclarativeContainer):
     )
     dispatcher = providers.Singleton(
         OrderDispatcher,
-        adapters.intents,
+        adapters.orders,
         adapters.queue,
         adapters.directory,
         core.random,

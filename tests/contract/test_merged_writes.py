@@ -32,6 +32,7 @@ from tradecore.order_lifecycle import (
     Interrupted,
     OrderChange,
     Submitted,
+    Withdrawn,
     sources,
 )
 from tradecore.orders import OrderHistoryRecord, OrderStatus
@@ -184,10 +185,10 @@ async def test_two_transitions_of_one_order_in_a_batch_let_exactly_one_win(
         ("o-0", claim),
         ("o-1", claim),
         ("o-0", other_claim),  # same kind, same order: a later statement, which loses
-        ("o-2", Expired(EXPIRED)),
+        ("o-2", Withdrawn()),
         ("o-1", Expired(EXPIRED)),  # another kind, same order: loses
         ("o-3", claim),
-        ("o-2", claim),  # loses to the expiry
+        ("o-2", claim),  # loses to the withdrawal
         ("o-4", ClaimFailed(UNREACHABLE)),
         ("o-5", claim),
         ("o-3", executed(OrderStatus.FILLED)),  # after o-3's claim: applies over it
@@ -204,7 +205,7 @@ async def test_two_transitions_of_one_order_in_a_batch_let_exactly_one_win(
         if result is not None and order_id != "o-3":
             assert await stores.orders.get(order_id) == result
     assert await stores.orders.get("o-3") == results[9]
-    # claims: o-0 o-1 o-3 o-5 together, then o-0 again and o-2 after its expiry
+    # claims: o-0 o-1 o-3 o-5 together, then o-0 again and o-2 after its withdrawal
     assert len(sent.updates()) < len(writes)
 
 
@@ -454,15 +455,15 @@ async def test_transitions_saving_documents_are_one_statement_with_their_saves(
 async def test_unclaimed_executions_keep_only_the_documents_of_those_that_take(
     stores: Stores, pg_pool: Pool, sent: Sent
 ) -> None:
-    """One statement for the batch's unclaimed executions; two of its orders were expired
-    first (by another worker host), and only their placements are discarded."""
+    """One statement for the batch's unclaimed executions; two of its orders were withdrawn
+    first, and only their placements are discarded."""
     records = [order(f"o-{n}", created_at=MONTHS[n % len(MONTHS)]) for n in range(6)]
     for record in records:
         await stores.orders.add(record)
     orders = stores.orders
     assert isinstance(orders, PostgresOrderHistory)
-    for expired in ("o-1", "o-4"):
-        assert await orders.transition(expired, Expired(EXPIRED)) is not None
+    for withdrawn in ("o-1", "o-4"):
+        assert await orders.transition(withdrawn, Withdrawn()) is not None
     told: list[tuple[str, int]] = []
     for n in range(6):
         orders.save_with_order(

@@ -24,7 +24,7 @@ from test_repositories import (
     two_users_with_accounts,
 )
 
-from tradecore.errors import IllegalTransition
+from tradecore.errors import DuplicateOrder, IllegalTransition
 from tradecore.order_lifecycle import (
     ClaimedAndExecuted,
     ClaimFailed,
@@ -36,6 +36,7 @@ from tradecore.order_lifecycle import (
     OrderChange,
     ReportedFill,
     Submitted,
+    Withdrawn,
     next_status,
     sources,
 )
@@ -76,6 +77,7 @@ def executed(status: OrderStatus, **changes: Any) -> Executed:
 CHANGES: list[OrderChange] = [
     Submitted(at(1), Decimal("-0.500")),
     Expired(EXPIRED),
+    Withdrawn(),
     ClaimFailed(UNREACHABLE),
     Interrupted(UNREACHABLE),
     executed(OrderStatus.FILLED),
@@ -206,12 +208,13 @@ async def test_concurrent_transitions_from_queued_let_exactly_one_win(stores: St
 async def test_the_claim_and_the_other_ways_out_of_queued_race_with_one_winner(
     stores: Stores,
 ) -> None:
-    """The worker's claim, expiry and failed claim all leave ``queued``: of any of them
-    racing, exactly one applies."""
+    """The worker's claim, expiry and failed claim and the API's withdrawal all leave
+    ``queued``: of any of them racing, exactly one applies."""
     await two_users_with_accounts(stores)
     await stores.orders.add(order("o-1", fingerprint="fp"))
     changes: list[OrderChange] = [
         Submitted(at(1), Decimal(0)),
+        Withdrawn(),
         Expired(EXPIRED),
         ClaimFailed(UNREACHABLE),
     ]
@@ -219,3 +222,14 @@ async def test_the_claim_and_the_other_ways_out_of_queued_race_with_one_winner(
     winners = [r for r in results if r is not None]
     assert len(winners) == 1
     assert await stores.orders.get("o-1") == winners[0]
+
+
+async def test_a_withdrawal_frees_the_fingerprint(stores: Stores) -> None:
+    await two_users_with_accounts(stores)
+    await stores.orders.add(order("o-1", fingerprint="fp"))
+    released = await stores.orders.transition("o-1", Withdrawn())
+    assert released is not None and released.fingerprint is None
+    assert released.status is OrderStatus.CANCELLED
+    await stores.orders.add(order("o-2", fingerprint="fp"))
+    with pytest.raises(DuplicateOrder):
+        await stores.orders.add(order("o-3", fingerprint="fp"))

@@ -22,7 +22,7 @@ from test_verify_audit import SECRETS, database_url, run_cli, verify
 
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
 from tradecore.errors import DuplicateOrder
-from tradecore.order_lifecycle import Submitted
+from tradecore.order_lifecycle import Withdrawn
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -179,8 +179,8 @@ async def test_an_order_in_a_month_without_partition_is_kept_and_moved_later(db:
         ("order_history_2031_05",)
     ]
     assert await rows(db.pool, "SELECT count(*) FROM order_history_default") == [(0,)]
-    moved = await orders.transition("late", Submitted(far, Decimal(0)))
-    assert moved is not None and moved.status is OrderStatus.SUBMITTED
+    moved = await orders.transition("late", Withdrawn())
+    assert moved is not None and moved.status is OrderStatus.CANCELLED
     with pytest.raises(psycopg.errors.CheckViolation):  # the CHECKs came with the partition
         await rows(db.pool, "UPDATE order_history SET status = 'lost' WHERE id = 'late'")
 
@@ -213,6 +213,20 @@ async def test_concurrent_replays_in_two_months_make_one_order(db: Db) -> None:
     assert sum(r is None for r in results) == 1
     assert all(isinstance(r, DuplicateOrder) for r in results if r is not None)
     assert await rows(db.pool, "SELECT count(*) FROM order_history") == [(1,)]
+
+
+async def test_a_withdrawn_fingerprint_is_free_again_in_the_next_month(db: Db) -> None:
+    await maintain_partitions(db.conninfo, now=JAN_31_LAST_SECOND)
+    orders = PostgresOrderHistory(db.pool)
+    await orders.add(order("first", JAN_31_LAST_SECOND, fingerprint="fp-again"))
+    await orders.transition("first", Withdrawn())
+
+    await orders.add(order("second", FEB_1_FIRST_SECOND, fingerprint="fp-again"))
+
+    assert await rows(db.pool, "SELECT id, fingerprint FROM order_keys ORDER BY id") == [
+        ("first", None),
+        ("second", "fp-again"),
+    ]
 
 
 async def test_an_id_is_unique_across_months(db: Db) -> None:

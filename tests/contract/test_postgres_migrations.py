@@ -328,7 +328,7 @@ async def test_0010_partitions_the_rows_of_0009_and_keeps_every_guarantee(
     finally:
         await pool.close()
 
-    assert await migrate(fresh_pg_database) == [n for n, _ in migration_files() if n >= "0010"]
+    assert await migrate(fresh_pg_database) == ["0010_monthly_partitions.sql"]
 
     async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
         cursor = await conn.execute(

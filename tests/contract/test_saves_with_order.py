@@ -3,7 +3,7 @@
 What a paper trader depends on: the book the paper venue keeps and the order's outcome are
 stored together or not at all, so no crash or outage leaves an order in the book that its
 history does not record, or the reverse; and a placement made without a claim is kept only
-by its own execution's write, so an order expired or recorded by another execution meanwhile
+by its own execution's write, so an order withdrawn or recorded by another execution meanwhile
 never reaches the book. "Together" is read from the rows: every row version carries the id of
 the transaction that wrote it (``xmin``).
 """
@@ -16,15 +16,15 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from test_order_transitions import EXPIRED, UNREACHABLE, executed
+from test_order_transitions import UNREACHABLE, executed
 from test_repositories import T0, order, postgres_stores, two_users_with_accounts
 
 from tradecore.errors import DatabaseUnavailable
 from tradecore.order_lifecycle import (
     ClaimedAndExecuted,
     ClaimFailed,
-    Expired,
     Submitted,
+    Withdrawn,
 )
 from tradecore.orders import OrderStatus
 from tradecore_adapters.postgres import Pool, PostgresDocumentStore, PostgresOrderHistory
@@ -176,10 +176,9 @@ async def test_an_unclaimed_placement_commits_with_its_execution(pg_pool: Pool) 
 async def test_an_unclaimed_placement_whose_execution_does_not_take_is_discarded(
     pg_pool: Pool,
 ) -> None:
-    """Another worker host expired the order first: the placement belongs to no recorded
-    order."""
+    """The API withdrew the order first: the placement belongs to no recorded order."""
     orders = await _orders_with_one_order(pg_pool, claimed=False)
-    assert await orders.transition("o-1", Expired(EXPIRED)) is not None
+    assert await orders.transition("o-1", Withdrawn()) is not None
     calls = Calls()
     orders.save_with_order("o-1", lambda: {"paper:book": {"cash": "6"}}, *_told(calls))
 

@@ -4,10 +4,9 @@ exactly as stored."""
 
 from __future__ import annotations
 
-from test_order_transitions import UNREACHABLE
 from test_repositories import Stores, at, order, stores, two_users_with_accounts
 
-from tradecore.order_lifecycle import ClaimFailed, Submitted
+from tradecore.order_lifecycle import Submitted, Withdrawn
 from tradecore.orders import OrderStatus
 
 __all__ = ["stores"]  # the fixture, over both adapters
@@ -24,12 +23,12 @@ async def test_lists_only_queued_rows_created_before_the_cut_off_oldest_first(
         order("o-first", user_id="user-2", created_at=at(1)),
         order("o-at-cut", created_at=at(20)),
         order("o-claimed", created_at=at(2)),
-        order("o-failed", created_at=at(3), fingerprint="fp-w"),
+        order("o-withdrawn", created_at=at(3), fingerprint="fp-w"),
     ]
     for row in rows:
         await stores.orders.add(row)
     assert await stores.orders.transition("o-claimed", Submitted(at(4), None)) is not None
-    assert await stores.orders.transition("o-failed", ClaimFailed(UNREACHABLE)) is not None
+    assert await stores.orders.transition("o-withdrawn", Withdrawn()) is not None
 
     stale = await stores.orders.stale_queued(at(20), 10)
 

@@ -17,7 +17,6 @@ from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.limits import PlanCaps, start_of_utc_day
 from tradecore.orders import AlertAction, OrderRequest
 from tradecore.services.orders.dashboard_order import DashboardOrder
-from tradecore.services.orders.outcomes import Queued
 from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import Rejected
 from tradecore.testing.clock import FakeClock
@@ -108,11 +107,10 @@ async def test_a_duplicate_refused_by_the_order_history_gives_its_slot_back(
 
 
 @pytest.mark.parametrize("settings", [CAP_TWO])
-async def test_an_order_whose_hand_over_failed_is_queued_and_counted(
+async def test_an_intent_withdrawn_after_a_failed_hand_over_stays_counted(
     trader: Trader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its intent is durable, so it is answered 202 and runs once the queue is back: its
-    slot stays spent, as the order history's count counts every row."""
+    """Its row stays (cancelled), and the order history's count counts every row."""
 
     async def down(request: OrderRequest) -> bool:
         raise KeyValueStoreUnavailable("redis down")
@@ -122,7 +120,7 @@ async def test_an_order_whose_hand_over_failed_is_queued_and_counted(
         failed = await trader.send(trader.body(quantity=1))
     outcomes = [await trader.send(trader.body(quantity=n)) for n in (2, 3)]
 
-    assert isinstance(failed, Queued)
+    assert isinstance(failed, Rejected) and failed.status == 503
     assert [code(o) for o in outcomes] == ["accepted", "daily_cap_reached"]
     assert await rows_today(trader) == 2
 

@@ -12,11 +12,11 @@ import attrs
 import pytest
 from support import ATTACKER_IP, Trader, context
 
-from tradecore.audit import AuditAction
+from tradecore.audit import AuditAction, AuditEntry
 from tradecore.errors import DatabaseUnavailable
 from tradecore.identity import AllowedIp, Plan
 from tradecore.limits import start_of_utc_day
-from tradecore.orders import AlertAction, OrderHistoryRecord
+from tradecore.orders import AlertAction
 from tradecore.ports.repositories import WebhookOwner
 from tradecore.services.orders.dashboard_order import DashboardOrder
 from tradecore.services.orders.outcomes import Accepted
@@ -123,29 +123,27 @@ async def test_the_cap_still_decides_after_the_ip_check_replay_and_rate_limit(
     assert isinstance(replayed, Rejected) and replayed.code == "replay"
 
 
-async def test_the_intent_not_written_is_503_and_releases_the_replay_key(
+async def test_audit_down_after_the_hand_over_is_503_and_keeps_the_replay_key(
     trader: Trader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intent and its success entry are one write: when it fails, nothing was handed
-    over, the request's one entry is its failure, and the sender's resend goes through."""
     system = trader.system
+    append = system.audit.append
 
-    async def history_down(record: OrderHistoryRecord) -> None:
-        raise DatabaseUnavailable("postgres down")
+    async def success_entries_down(entry: AuditEntry) -> int:
+        if entry.action is AuditAction.WEBHOOK_ORDER and entry.success:
+            raise DatabaseUnavailable("postgres down")
+        return await append(entry)
 
     body = trader.body()
     with monkeypatch.context() as patch:
-        patch.setattr(system.orders, "add", history_down)
+        patch.setattr(system.audit, "append", success_entries_down)
         outcome = await trader.send(body)
+    resent = await trader.send(body)
 
     assert isinstance(outcome, Rejected) and outcome.status == 503
-    assert await system.orders.list_for_user(trader.user.id) == []
-    assert [(e.entry.action, e.entry.success) for e in system.audit.all()] == [
-        (AuditAction.WEBHOOK_ORDER, False)
-    ]
-    resent = await trader.send(body)
-    assert not isinstance(resent, Rejected)
-    assert trader.position() == Decimal(1)
+    assert trader.position() == Decimal(1)  # the order was on its way: it stays one order
+    assert isinstance(resent, Rejected) and resent.code == "replay"
+    assert len(await system.orders.list_for_user(trader.user.id)) == 1
 
 
 async def test_the_success_entry_names_the_order(trader: Trader) -> None:

@@ -24,17 +24,8 @@ from tradecore.order_lifecycle import (
 )
 from tradecore.orders import OrderError, OrderStatus, RejectionCode
 from tradecore.testing.clock import FakeClock
-from tradecore_adapters.memory.repositories import (
-    MemoryAuditLog,
-    MemoryOrderHistory,
-    MemoryOrderIntentLog,
-)
-from tradecore_adapters.metrics import (
-    ProcessMetrics,
-    RecordingAuditLog,
-    RecordingIntentLog,
-    RecordingOrderHistory,
-)
+from tradecore_adapters.memory.repositories import MemoryAuditLog, MemoryOrderHistory
+from tradecore_adapters.metrics import ProcessMetrics, RecordingAuditLog, RecordingOrderHistory
 from tradecore_adapters.metrics.recorders import REQUEST_STARTED
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
@@ -147,26 +138,6 @@ async def test_the_admission_stage_needs_a_request(
         REQUEST_STARTED.reset(token)
 
     assert sample(metrics, STAGE + "_count", stage="admission") == 1
-
-
-async def test_an_intent_written_with_its_entry_measures_the_admission_stage(
-    metrics: ProcessMetrics,
-) -> None:
-    inner_orders, audit = MemoryOrderHistory(), MemoryAuditLog()
-    intents = RecordingIntentLog(MemoryOrderIntentLog(inner_orders, audit), metrics)
-    context = RequestContext("203.0.113.9", "test", "/webhook/t/order", "POST")
-    entry = AuditEntry("user-1", AuditAction.WEBHOOK_ORDER, True, context, T0)
-
-    token = REQUEST_STARTED.set(0.0)
-    try:
-        await intents.add(
-            queued_row("o-1", user_id="user-1", account_id="a-1", created_at=T0), entry
-        )
-    finally:
-        REQUEST_STARTED.reset(token)
-
-    assert sample(metrics, STAGE + "_count", stage="admission") == 1
-    assert await inner_orders.get("o-1") is not None and len(audit.all()) == 1
 
 
 async def test_a_lost_compare_and_set_records_nothing(

@@ -26,6 +26,7 @@ from tradecore.order_lifecycle import (
     ReportedFill,
     Step,
     Submitted,
+    Withdrawn,
     next_status,
     placement_kept,
     sources,
@@ -66,6 +67,7 @@ executions = st.builds(
 changes: st.SearchStrategy[OrderChange] = st.one_of(
     claims,
     st.builds(Expired, st.just(ERROR)),
+    st.builds(Withdrawn),
     st.builds(ClaimFailed, st.just(ERROR)),
     st.builds(Interrupted, st.just(ERROR)),
     executions,
@@ -146,12 +148,13 @@ def test_a_change_writes_record_fields_and_its_status_only_when_it_sets_one(
 
 def test_the_callers_compare_and_set_is_what_it_was() -> None:
     """The statuses each caller's write may leave, as the services passed them before the
-    table existed: the worker's claim, expiry and failed claim only from queued; the
-    execution's outcome and interruption only from submitted; fill checks from submitted,
-    pending, partially filled and filled."""
+    table existed: the worker's claim, expiry and failed claim and the API's withdrawal
+    only from queued; the execution's outcome and interruption only from submitted; fill
+    checks from submitted, pending, partially filled and filled."""
     assert sources(Submitted(AT, Decimal(0))) == {_OS.QUEUED}
     assert sources(Expired(ERROR)) == {_OS.QUEUED}
     assert sources(ClaimFailed(ERROR)) == {_OS.QUEUED}
+    assert sources(Withdrawn()) == {_OS.QUEUED}
     assert sources(Interrupted(ERROR)) == {_OS.SUBMITTED}
     for outcome in EXECUTION_OUTCOMES:
         executed = Executed(
@@ -248,5 +251,5 @@ def test_a_placement_is_kept_whatever_the_cas_finds_only_after_a_claim() -> None
     assert placement_kept(executed) is PlacementKept.ALWAYS
     assert placement_kept(Interrupted(ERROR)) is PlacementKept.ALWAYS
     assert placement_kept(ClaimedAndExecuted(claim, executed)) is PlacementKept.IF_APPLIED
-    for other in (claim, ClaimFailed(ERROR), Expired(ERROR)):
+    for other in (claim, ClaimFailed(ERROR), Expired(ERROR), Withdrawn()):
         assert placement_kept(other) is PlacementKept.NEVER, other

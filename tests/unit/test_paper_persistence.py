@@ -388,7 +388,7 @@ async def test_a_placement_whose_outcome_failed_is_stored_by_the_next_call() -> 
 
 
 async def test_a_placement_whose_unclaimed_outcome_did_not_take_is_dropped() -> None:
-    """The order was recorded by another execution (or expired): this host's placement
+    """The order was recorded by another execution (or withdrawn): this host's placement
     belongs to no recorded order. Its state goes back to what is stored, and nothing of the
     dropped placement is ever saved."""
     store, clock = CountingStore(), FakeClock()

@@ -19,14 +19,13 @@ from support import AfterPlacing, WaitingSave, queued_row, request_for, worker_o
 from tradecore.errors import BrokerDisconnected
 from tradecore.order_lifecycle import (
     ClaimedAndExecuted,
-    Expired,
     OrderChange,
     PlacementKept,
+    Withdrawn,
     placement_kept,
 )
 from tradecore.orders import (
     AlertAction,
-    OrderError,
     OrderHistoryRecord,
     OrderRequest,
     OrderStatus,
@@ -139,26 +138,24 @@ async def test_a_one_step_order_is_settled_in_one_write_with_its_book(clock: Fak
     assert await store.load(f"{BOOK}:order:ord-1-entry") is not None
 
 
-async def test_a_placement_whose_order_was_expired_meanwhile_is_dropped(
+async def test_a_placement_whose_order_was_withdrawn_meanwhile_is_dropped(
     clock: FakeClock,
 ) -> None:
-    """Another worker host expired the intent while this one placed it (a recovered
-    duplicate delivery, past the order's age on that host's clock): the outcome does not
-    take, and the book keeps nothing of the placement."""
+    """The API withdrew the intent while the worker placed it (its push answer was lost):
+    the outcome does not take, and the book keeps nothing of the placement."""
     store = MemoryDocumentStore()
     orders = SavingOrders(store)
     request = await queued(orders, "ord-2")
     worker_host = host(store, orders, clock)
 
-    async def expire(order_id: str) -> None:
-        expired = OrderError(RejectionCode.ORDER_EXPIRED, "the order waited too long")
-        await MemoryOrderHistory.transition(orders, order_id, Expired(expired))
+    async def withdraw(order_id: str) -> None:
+        await MemoryOrderHistory.transition(orders, order_id, Withdrawn())
 
-    orders.before_outcome = expire
+    orders.before_outcome = withdraw
 
     result = await worker_host.worker.execute(request)
 
-    assert result.status is OrderStatus.EXPIRED
+    assert result.status is OrderStatus.CANCELLED
     assert await store.load(BOOK) is None and await store.load(f"{BOOK}:order:ord-2-entry") is None
     assert worker_host.exchange.positions(ACCOUNT) == {}  # the placement was dropped in memory
 

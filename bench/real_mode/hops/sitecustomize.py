@@ -30,7 +30,6 @@ def _install() -> None:
     from tradecore.services.execution.worker_host import WorkerHost
     from tradecore.services.orders.dispatch import OrderDispatcher
     from tradecore.services.orders.webhook_intake import WebhookIntake
-    from tradecore_adapters.postgres.intents import PostgresIntentLog
     from tradecore_adapters.postgres.orders import PostgresOrderHistory
     from tradecore_adapters.redis.messaging import RedisOrderQueue
     from tradecore_adapters.redis.protection import RedisWebhookAdmission
@@ -76,7 +75,7 @@ def _install() -> None:
     wrap(WebhookIntake, "handle", lambda *_, **__: early.set({"received": time.time()}))
     wrap(RedisWebhookAdmission, "admit", on_exit=admitted)
     wrap(
-        PostgresIntentLog,
+        PostgresOrderHistory,
         "add",
         adding,
         lambda _, record, *__, **___: mark("intent", record.id, record.user_id),

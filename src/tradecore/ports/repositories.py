@@ -204,7 +204,8 @@ class OrderHistory(Protocol):
         table lets the change leave (``order_lifecycle.sources(change)``). Returns the updated
         row, or None (nothing written) when the row is missing or its status is elsewhere: a
         lost race, an expected outcome, never an error. Raises IllegalTransition, before the
-        store is touched, for a change the table allows from no status."""
+        store is touched, for a change the table allows from no status. ``Withdrawn`` frees
+        the row's fingerprint for a new row."""
         ...
 
     async def list_for_user(
@@ -226,21 +227,6 @@ class OrderHistory(Protocol):
         """(Worker hosts' recovery) rows still ``queued`` that were created before ``before``,
         oldest first (by created_at, then id); at most ``limit``. Reads an index of the
         queued rows only, so it stays cheap however long the history grows."""
-        ...
-
-
-@runtime_checkable
-class OrderIntentLog(Protocol):
-    """Where an order request's intent is made durable together with its audit entry."""
-
-    async def add(self, record: OrderHistoryRecord, entry: AuditEntry) -> None:
-        """Store ``record`` (a new order, ``queued``) as ``OrderHistory.add`` does and append
-        ``entry``, the success entry of the request that made it, as ``AuditLog.append``
-        does, before returning: together, so that no committed intent lacks its entry, when
-        the store can (one transaction); otherwise the intent first and its entry right
-        after. Raises DuplicateOrder when the user already has a row with ``record``'s
-        fingerprint: then neither is written. On DatabaseUnavailable the intent may have been
-        written, as after any write whose commit was lost."""
         ...
 
 

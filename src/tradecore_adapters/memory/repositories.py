@@ -22,7 +22,7 @@ from tradecore.errors import DuplicateOrder
 from tradecore.identity import AllowedIp, ApiKey, Session, User
 from tradecore.order_lifecycle import OrderChange
 from tradecore.orders import OrderHistoryRecord, OrderStatus
-from tradecore.ports.repositories import AuditLog, OrderHistory, WebhookOwner, save_fields
+from tradecore.ports.repositories import WebhookOwner, save_fields
 from tradecore.sessions import RefreshRotation
 
 _Record = TypeVar("_Record", User, TradingAccount)
@@ -306,20 +306,6 @@ class MemoryOrderHistory:
         ]
         rows.sort(key=lambda r: (r.created_at, r.id))
         return rows[: max(limit, 0)]
-
-
-class MemoryOrderIntentLog:
-    """OrderIntentLog over the memory order history and audit log: the intent, then its
-    entry. Neither can fail in between but for a duplicate, which the add refuses before
-    anything is appended; a process that stops loses both stores."""
-
-    def __init__(self, orders: OrderHistory, audit: AuditLog) -> None:
-        self._orders = orders
-        self._audit = audit
-
-    async def add(self, record: OrderHistoryRecord, entry: AuditEntry) -> None:
-        await self._orders.add(record)
-        await self._audit.append(entry)
 
 
 class MemoryAuditLog:

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from tradecore_adapters.metrics.gauges import StateGauges
 from tradecore_adapters.metrics.http_metrics import metrics_middleware
-from tradecore_adapters.metrics.recorders import (
-    RecordingAuditLog,
-    RecordingIntentLog,
-    RecordingOrderHistory,
-)
+from tradecore_adapters.metrics.recorders import RecordingAuditLog, RecordingOrderHistory
 from tradecore_adapters.metrics.registry import ProcessMetrics
 from tradecore_adapters.metrics.server import MetricsServer
 
@@ -21,7 +17,6 @@ __all__ = [
     "MetricsServer",
     "ProcessMetrics",
     "RecordingAuditLog",
-    "RecordingIntentLog",
     "RecordingOrderHistory",
     "StateGauges",
     "metrics_middleware",

@@ -31,9 +31,10 @@ from tradecore.order_lifecycle import (
     Interrupted,
     OrderChange,
     Submitted,
+    Withdrawn,
 )
 from tradecore.orders import OrderHistoryRecord, RejectionCode
-from tradecore.ports.repositories import AuditLog, OrderHistory, OrderIntentLog
+from tradecore.ports.repositories import AuditLog, OrderHistory
 from tradecore.ports.runtime import Clock
 from tradecore_adapters.metrics.registry import ProcessMetrics
 
@@ -52,15 +53,9 @@ _SETTLING = (
     Expired,
     ClaimFailed,
     Interrupted,
+    Withdrawn,
 )
 """The changes that may give a row its final status (``FillRecorded`` keeps the status)."""
-
-
-def _admitted(metrics: ProcessMetrics) -> None:
-    """The admission stage of the request being handled: from its arrival to its intent."""
-    started = REQUEST_STARTED.get(None)
-    if started is not None:
-        metrics.stage("admission", time.perf_counter() - started)
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -87,7 +82,9 @@ class RecordingOrderHistory:
 
     async def add(self, record: OrderHistoryRecord) -> None:
         await self._inner.add(record)
-        _admitted(self._metrics)
+        started = REQUEST_STARTED.get(None)
+        if started is not None:
+            self._metrics.stage("admission", time.perf_counter() - started)
 
     async def get(self, order_id: str) -> OrderHistoryRecord | None:
         return await self._inner.get(order_id)
@@ -135,20 +132,6 @@ class RecordingOrderHistory:
         seconds = _seconds(start, end)
         if seconds is not None:
             self._metrics.stage(stage, seconds)
-
-
-class RecordingIntentLog:
-    """An ``OrderIntentLog`` that records the admission stage of the request whose intent
-    it writes, as ``RecordingOrderHistory.add`` does (the success entry written with it is
-    no security event: ``ProcessMetrics.security_event`` counts refusals and attacks)."""
-
-    def __init__(self, inner: OrderIntentLog, metrics: ProcessMetrics) -> None:
-        self._inner = inner
-        self._metrics = metrics
-
-    async def add(self, record: OrderHistoryRecord, entry: AuditEntry) -> None:
-        await self._inner.add(record, entry)
-        _admitted(self._metrics)
 
 
 class RecordingAuditLog:

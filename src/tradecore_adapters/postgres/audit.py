@@ -5,7 +5,7 @@ oldest months and records where it cut the chain in ``audit_chain_anchor``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -23,9 +23,8 @@ from tradecore.audit import (
 from tradecore.audit_chain import SealedEntry, normalized, seal
 from tradecore.errors import DatabaseUnavailable
 from tradecore_adapters.postgres.group_commit import GroupCommit
-from tradecore_adapters.postgres.order_writes import add_params, added_ctes
 from tradecore_adapters.postgres.pool import Pool
-from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_all_numbered, fetch_one, utc
+from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc
 
 
 def _dumps(value: Any) -> str:
@@ -74,11 +73,13 @@ _TYPES = (
 # took. Concurrent appends (other processes) serialize on the head row; the loser's
 # compare-and-set finds the head moved, inserts nothing, and seals its batch again. A batch
 # of one uses the plain form (no arrays to build). Both texts are composed once.
-_APPEND_ROWS = (
+_APPEND = (
     sql.SQL(
-        "INSERT INTO audit_logs ({columns})"
+        "WITH head AS (UPDATE audit_chain_head SET seal = %(last)s"
+        " WHERE seal = %(previous)s RETURNING 1)"
+        " INSERT INTO audit_logs ({columns})"
         " SELECT {selected} FROM head,"
-        " ROWS FROM (jsonb_to_recordset({{entries}}::jsonb) AS ({typed}))"
+        " ROWS FROM (jsonb_to_recordset(%(entries)s::jsonb) AS ({typed}))"
         " WITH ORDINALITY AS e({columns}, n)"
         " ORDER BY e.n RETURNING id, seal"
     )
@@ -91,18 +92,6 @@ _APPEND_ROWS = (
         ),
     )
     .as_string()
-)
-"""The insert of a batch of sealed entries (a JSON document in the parameter written in
-place of ``{entries}``), in chain order, one row per entry if the CTE ``head`` (the chain
-head's compare-and-set) returned its row, none otherwise."""
-_HEAD_MOVED = "head AS (UPDATE audit_chain_head SET seal = {last} WHERE seal = {previous}{also}"
-"""The chain head's compare-and-set as a CTE (placeholders written in place of the names;
-``also``: a further condition, or nothing), returning its row when it took."""
-_APPEND = (
-    "WITH "
-    + _HEAD_MOVED.format(last="%(last)s", previous="%(previous)s", also="")
-    + " RETURNING 1) "
-    + _APPEND_ROWS.replace("{entries}", "%(entries)s")
 )
 _APPEND_ONE = (
     sql.SQL(
@@ -139,30 +128,6 @@ def _columns(stored: AuditEntry) -> dict[str, Any]:
     }
 
 
-def _sealed(entries: list[AuditEntry], previous: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows of ``entries`` sealed one after the other onto ``previous``, and their seals."""
-    seals: list[str] = []
-    for stored in entries:
-        seals.append(seal(seals[-1] if seals else previous, stored))
-    rows = [
-        {**_columns(stored), "previous_seal": before, "seal": after}
-        for stored, before, after in zip(entries, [previous, *seals[:-1]], seals, strict=True)
-    ]
-    return rows, seals
-
-
-def _lock_key(intent: Mapping[str, Any]) -> tuple[str, str, str]:
-    return intent["user_id"], intent["fingerprint"] or "", intent["id"]
-
-
-def _in_chain_order(ids: Mapping[str, int], seals: list[str]) -> list[int]:
-    """The ids of the entries sealed ``seals``, by seal, in chain order (they must ascend)."""
-    ordered = [ids[s] for s in seals]
-    if ordered != sorted(ordered):
-        raise RuntimeError("audit ids were not assigned in chain order")
-    return ordered
-
-
 @attrs.frozen
 class AuditAnchor:
     """Where retention cut the audit chain: the id and seal of the newest entry it removed
@@ -196,51 +161,15 @@ def stored_entry_from_row(row: Row) -> StoredAuditEntry:
     )
 
 
-@attrs.frozen
-class _Append:
-    """One entry to append and, when it is the success entry of an order request, that
-    order's intent (its row's parameters by column, ``orders.order_params``)."""
-
-    entry: AuditEntry
-    intent: Mapping[str, Any] | None = None
-
-
-def _with_intents_query(intents: int, intent_params: int) -> str:
-    """The statement writing ``intents`` order intents (``added_ctes``, parameters ``$1`` to
-    ``$intent_params``) and a batch of entries sealed onto the chain, the entries only if
-    every intent went in; its rows name the orders that went in and the entries appended."""
-    n = intent_params
-    every_intent = _EVERY_INTENT.format(intents=intents)
-    head = _HEAD_MOVED.format(last=f"${n + 1}", previous=f"${n + 2}", also=every_intent)
-    appended = _APPEND_ROWS.replace("{entries}", f"${n + 3}")
-    return (
-        "WITH " + added_ctes(intents) + ", " + head + " RETURNING 1)"
-        ", appended AS (" + appended + ")" + _INTENTS_AND_ENTRIES
-    )
-
-
-_EVERY_INTENT = " AND (SELECT count(*) FROM added) = {intents}"
-"""The head's further condition in a statement with intents: every intent went in."""
-_INTENTS_AND_ENTRIES = (
-    " SELECT id AS order_id, NULL::bigint AS entry_id, NULL::text AS seal FROM added"
-    " UNION ALL SELECT NULL, id, seal FROM appended"
-)
-
-
 class PostgresAuditLog:
     """AuditLog on table ``audit_logs``. "Newest first" is descending id, the order in which
-    entries were appended; ``metadata`` values JSON cannot hold are stored as text.
-
-    It also writes an order request's intent together with the request's success entry
-    (``append_with_intent``, the ``OrderIntentLog`` port through ``PostgresIntentLog``): the
-    intents and entries of one batch go in ONE statement, so an order costs the API one
-    commit where an intent and its entry took two."""
+    entries were appended; ``metadata`` values JSON cannot hold are stored as text."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._head: str | None = None  # the newest seal this process saw (a cache)
         # One batch at a time: the batches of one process never contend for the chain head.
-        self._appends: GroupCommit[_Append, int | None] = GroupCommit(
+        self._appends: GroupCommit[AuditEntry, int] = GroupCommit(
             self._append_batch, max_batch=_BATCH, max_in_flight=1, linger_s=0.0, name="audit"
         )
 
@@ -250,68 +179,36 @@ class PostgresAuditLog:
         statement. The id returns once the entry is committed; a cancelled caller's entry is
         still written. An entry the database refuses (not an outage) fails only its own
         append; an outage fails every append of the batch."""
-        entry_id = await self._appends.submit(_Append(normalized(entry)))
-        assert entry_id is not None  # only an intent is refused
-        return entry_id
+        return await self._appends.submit(normalized(entry))
 
-    async def append_with_intent(self, entry: AuditEntry, intent: Mapping[str, Any]) -> int | None:
-        """Write an order intent (its row by column, ``orders.order_params``) and ``entry``,
-        the success entry of its request: the entry's id once both are committed, or None
-        when the intent's fingerprint is taken (then neither is written).
-
-        The batch's intents, the key rows of their fingerprints, the chain head's
-        compare-and-set and the batch's entries are one statement, which appends the entries
-        only if every intent of the batch went in. When one did not (a duplicate) or the head
-        moved (another process appended), the intents that went in are committed all the
-        same and the entries that remain are appended right after, sealed again, as plain
-        appends. An outage fails every caller of the batch (``DatabaseUnavailable``); as
-        after a lost commit, an intent may then have been written, with or without its
-        entry."""
-        return await self._appends.submit(_Append(normalized(entry), intent))
-
-    async def _append_batch(self, items: list[_Append]) -> list[int | None]:
-        # The intents in the order of their key rows' locks (the merged adds' order,
-        # ``order_writes``), so two processes' statements take them in the same order.
-        intents = sorted((item.intent for item in items if item.intent is not None), key=_lock_key)
-        if not intents:
-            return list(await self._append_entries([item.entry for item in items]))
-        previous = self._head if self._head is not None else await self._read_head()
-        sealed, seals = _sealed([item.entry for item in items], previous)
-        params: list[Any] = []
-        for intent in intents:
-            params += add_params(intent)
-        query = _with_intents_query(len(intents), len(params))
-        params += [seals[-1], previous, _dumps(sealed)]
-        rows = await fetch_all_numbered(self._pool, query, params)
-        appended = {str(r["seal"]): int(r["entry_id"]) for r in rows if r["entry_id"] is not None}
-        if appended:
-            self._head = seals[-1]
-            return list(_in_chain_order(appended, seals))
-        # Nothing appended: a duplicate intent, or the head moved. The intents that went in
-        # are committed; their entries and the plain ones are appended on their own now.
-        self._head = None
-        added = {r["order_id"] for r in rows if r["order_id"] is not None}
-        kept = [item.intent is None or item.intent["id"] in added for item in items]
-        remaining = [item.entry for item, keep in zip(items, kept, strict=True) if keep]
-        ids = iter(await self._append_entries(remaining) if remaining else [])
-        return [next(ids) if keep else None for keep in kept]
-
-    async def _append_entries(self, entries: list[AuditEntry]) -> list[int]:
+    async def _append_batch(self, entries: list[AuditEntry]) -> list[int]:
         """Seal ``entries`` onto the chain and insert them in one statement; their ids."""
+        columns = [_columns(stored) for stored in entries]
+        if len(entries) == 1:
+            columns[0]["metadata"] = Jsonb(columns[0]["metadata"], dumps=_dumps)
         for _ in range(_CHAIN_ATTEMPTS):
             previous = self._head if self._head is not None else await self._read_head()
-            sealed, seals = _sealed(entries, previous)
+            seals: list[str] = []
+            for stored in entries:
+                seals.append(seal(seals[-1] if seals else previous, stored))
+            sealed = [
+                {**row, "previous_seal": before, "seal": after}
+                for row, before, after in zip(columns, [previous, *seals[:-1]], seals, strict=True)
+            ]
             chain = {"previous": previous, "last": seals[-1]}
             if len(entries) == 1:
-                one = {**sealed[0], "metadata": Jsonb(sealed[0]["metadata"], dumps=_dumps)}
-                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **one})
+                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **sealed[0]})
             else:
                 # The batch as one JSON document (json's C encoder), not one array per
                 # column: psycopg dumps array elements one by one in Python.
                 rows = await fetch_all(self._pool, _APPEND, {**chain, "entries": _dumps(sealed)})
             if rows:
                 self._head = seals[-1]
-                return _in_chain_order({str(r["seal"]): int(r["id"]) for r in rows}, seals)
+                ids = {str(r["seal"]): int(r["id"]) for r in rows}
+                ordered = [ids[s] for s in seals]
+                if ordered != sorted(ordered):
+                    raise RuntimeError("audit ids were not assigned in chain order")
+                return ordered
             self._head = None  # another process moved the head: read it and seal again
         raise DatabaseUnavailable("audit chain head contended beyond the retry budget")
 

@@ -233,19 +233,17 @@ def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
 
 _ADD_COLUMNS = tuple(ORDER_COLUMN_TYPES)
 _ADD_TYPES = tuple(ORDER_COLUMN_TYPES.values())
-_ADD_OFFERED = sql.SQL("offered ({}) AS (").format(_names(_ADD_COLUMNS)).as_string()
+_ADD_HEAD = sql.SQL("WITH offered ({}) AS (").format(_names(_ADD_COLUMNS)).as_string()
 # The key rows in the order of the VALUES list (its lock_key order): of two with one
 # fingerprint the first goes in. The order rows only for key rows that went in, matched on
 # the whole key (an id offered twice with two fingerprints: only the one inserted).
-_ADD_KEYED = (
-    "), keyed AS (INSERT INTO order_keys (id, user_id, created_at, fingerprint)"
-    " SELECT id, user_id, created_at, fingerprint FROM offered"
-    " ON CONFLICT (user_id, fingerprint) WHERE fingerprint IS NOT NULL DO NOTHING"
-    " RETURNING id, user_id, fingerprint)"
-)
-_ADD_ORDERS = (
+_ADD_TAIL = (
     sql.SQL(
-        "INSERT INTO order_history ({columns}) SELECT {offered} FROM offered AS o"
+        "), keyed AS (INSERT INTO order_keys (id, user_id, created_at, fingerprint)"
+        " SELECT id, user_id, created_at, fingerprint FROM offered"
+        " ON CONFLICT (user_id, fingerprint) WHERE fingerprint IS NOT NULL DO NOTHING"
+        " RETURNING id, user_id, fingerprint)"
+        " INSERT INTO order_history ({columns}) SELECT {offered} FROM offered AS o"
         " JOIN keyed AS k ON k.id = o.id AND k.user_id = o.user_id"
         " AND k.fingerprint IS NOT DISTINCT FROM o.fingerprint"
         " RETURNING id, user_id, fingerprint"
@@ -255,19 +253,6 @@ _ADD_ORDERS = (
 )
 
 
-def added_ctes(rows: int) -> str:
-    """The CTEs ``offered``, ``keyed`` and ``added`` (no ``WITH``) that insert ``rows``
-    orders given as ``add_params`` from ``$1``: ``added`` returns (id, user_id, fingerprint)
-    of each order that went in; one whose fingerprint is taken inserts nothing."""
-    values = numbered_values(_ADD_TYPES, rows)
-    return _ADD_OFFERED + values + _ADD_KEYED + ", added AS (" + _ADD_ORDERS + ")"
-
-
-def add_params(params: Mapping[str, Any]) -> list[Any]:
-    """One order's parameters for ``added_ctes``, from its columns by name."""
-    return [params[column] for column in _ADD_COLUMNS]
-
-
 def _add_key(params: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return params["id"], params["user_id"], params["fingerprint"]
 
@@ -275,11 +260,9 @@ def _add_key(params: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 def _combine_adds(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
     params: list[Any] = []
     for statement in statements:
-        params += add_params(_mapping(statement))
-    return "WITH " + added_ctes(len(statements)) + _ADDED, params
-
-
-_ADDED = " SELECT * FROM added"
+        row = _mapping(statement)
+        params += [row[column] for column in _ADD_COLUMNS]
+    return _ADD_HEAD + numbered_values(_ADD_TYPES, len(statements)) + _ADD_TAIL, params
 
 
 def _split_adds(statements: Sequence[Statement], result: StatementResult) -> list[StatementResult]:

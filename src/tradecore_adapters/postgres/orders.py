@@ -109,11 +109,6 @@ def _encode(field: str, value: Any) -> Any:
     return value if encoder is None else encoder(value)
 
 
-def order_params(record: OrderHistoryRecord) -> dict[str, Any]:
-    """The parameters of ``record``'s row, by column."""
-    return {f: _encode(f, getattr(record, f)) for f in _FIELDS}
-
-
 def order_from_row(row: Row) -> OrderHistoryRecord:
     error = row["error"]
     return OrderHistoryRecord(
@@ -254,7 +249,7 @@ class PostgresOrderHistory:
         return self._batcher
 
     async def add(self, record: OrderHistoryRecord) -> None:
-        params = order_params(record)
+        params = {f: _encode(f, getattr(record, f)) for f in _FIELDS}
         # Locks are taken on the fingerprint's index entry (and the new id): order by both.
         key = ("order_history:add", record.user_id, record.fingerprint or "", record.id)
         # Merged with the batch's other adds into one statement (order_writes).

@@ -14,7 +14,6 @@ from tradecore_adapters.postgres.identity import (
     PostgresSessionRepository,
     PostgresUserRepository,
 )
-from tradecore_adapters.postgres.intents import PostgresIntentLog
 from tradecore_adapters.postgres.orders import PostgresOrderHistory
 from tradecore_adapters.postgres.resets import PostgresPasswordResetTokens
 
@@ -22,7 +21,6 @@ __all__ = [
     "PostgresAllowedIpRepository",
     "PostgresApiKeyRepository",
     "PostgresAuditLog",
-    "PostgresIntentLog",
     "PostgresOrderHistory",
     "PostgresPasswordResetTokens",
     "PostgresSessionRepository",

@@ -4,11 +4,10 @@ the compare-and-set UPDATE of the repositories' ``save`` (``ports.repositories.s
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg import AsyncRawCursor, sql
+from psycopg import sql
 from psycopg.abc import Params, QueryNoTemplate
 from psycopg.rows import dict_row
 
@@ -39,16 +38,6 @@ async def fetch_all(pool: Pool, query: QueryNoTemplate, params: Params | None = 
     """Run one statement; every row."""
     with database_errors():
         async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall()
-
-
-async def fetch_all_numbered(pool: Pool, query: str, params: Sequence[Any]) -> list[Row]:
-    """Run one statement written with PostgreSQL's own placeholders (``$1``...); every row.
-    A raw cursor: psycopg does not parse the query in Python (a long multi-row statement's
-    ``%s`` placeholders cost milliseconds to convert, ``group_commit.Merge``)."""
-    with database_errors():
-        async with pool.connection() as conn, AsyncRawCursor(conn, row_factory=dict_row) as cur:
             await cur.execute(query, params)
             return await cur.fetchall()
 

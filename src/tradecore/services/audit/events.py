@@ -62,15 +62,17 @@ class SecurityEvents:
     ) -> int:
         """Append one audit entry (durably, before returning its id); for an attack class with
         a known target user, schedule the alert mail."""
-        entry = self._entry(
-            action,
-            context,
+        now = self._clock.now()
+        entry = AuditEntry(
             user_id=user_id,
+            action=action,
             success=success,
+            context=context,
+            created_at=now,
             error_message=error_message,
             resource_type=resource_type,
             resource_id=resource_id,
-            metadata=metadata,
+            metadata=dict(metadata or {}),
         )
         entry_id = await self._audit.append(entry)
         policy = policy_for(action)
@@ -79,58 +81,6 @@ class SecurityEvents:
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         return entry_id
-
-    def entry(
-        self,
-        action: AuditAction,
-        context: RequestContext,
-        *,
-        user_id: str | None,
-        success: bool,
-        error_message: str | None = None,
-        resource_type: str | None = None,
-        resource_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> AuditEntry:
-        """The entry ``record`` would append, dated now, for a store call that writes it
-        with something else (an order's success entry with its intent, ``OrderIntentLog``).
-        Raises ValueError for an attack class, whose alert only ``record`` sends."""
-        if policy_for(action) is not None:
-            raise ValueError(f"{action} is recorded through record(), which sends its alert")
-        return self._entry(
-            action,
-            context,
-            user_id=user_id,
-            success=success,
-            error_message=error_message,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            metadata=metadata,
-        )
-
-    def _entry(
-        self,
-        action: AuditAction,
-        context: RequestContext,
-        *,
-        user_id: str | None,
-        success: bool,
-        error_message: str | None,
-        resource_type: str | None,
-        resource_id: str | None,
-        metadata: Mapping[str, Any] | None,
-    ) -> AuditEntry:
-        return AuditEntry(
-            user_id=user_id,
-            action=action,
-            success=success,
-            context=context,
-            created_at=self._clock.now(),
-            error_message=error_message,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            metadata=dict(metadata or {}),
-        )
 
     async def drain(self) -> None:
         """Wait for the alerts in flight (shutdown and tests)."""

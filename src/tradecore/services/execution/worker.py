@@ -16,7 +16,7 @@ Execution of a request is crash-safe and idempotent:
    for a plan of one step (or none: an exit with nothing to close): the worker places it
    and writes claim and outcome in one compare-and-set from ``queued``
    (``ClaimedAndExecuted``), one commit fewer. If that
-   write does not take (another execution recorded the order, or expired it) or fails, the
+   write does not take (withdrawn, another execution recorded the order) or fails, the
    order history tells the broker, which drops the placement; the worker goes on as for a
    lost claim. A broker call that fails for good leaves the row ``failed`` as a failed
    claim does. A plan of two steps (a reversal) is claimed first: its close is stored

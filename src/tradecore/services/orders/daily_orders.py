@@ -2,7 +2,8 @@
 what ``OrderHistory.count_since(user, start of the day)`` counts.
 
 Every order that writes an order-history row is counted, simulated or real, on the webhook and
-the dashboard paths alike. The counter is taken before the row is written (the webhook's admission
+the dashboard paths alike (the row of an intent withdrawn after a failed hand-over stays, so
+its count stays too). The counter is taken before the row is written (the webhook's admission
 script counts it with the replay claim and the rate-limit hit, the dashboard's checks take it
 in the cap's turn) and given back when no row will be written: a later check refused the
 order, or the order history refused it as a duplicate. When the write's outcome is unknown

@@ -14,7 +14,7 @@ from decimal import Decimal
 import attrs
 
 from tradecore.attacks import ip_blocked_metadata
-from tradecore.audit import AuditAction, AuditEntry, RequestContext
+from tradecore.audit import AuditAction, RequestContext
 from tradecore.identity import User
 from tradecore.instruments import resolve_symbol
 from tradecore.netaddr import ip_allowed
@@ -92,15 +92,15 @@ class DashboardOrders:
             )
             return IP_NOT_ALLOWED
 
-        async def refused(error: str) -> None:
+        async def audit(success: bool, error: str | None, order_id: str | None = None) -> None:
             await self._events.record(
                 AuditAction.DASHBOARD_ORDER,
                 context,
                 user_id=user.id,
-                success=False,
+                success=success,
                 error_message=error,
-                resource_type="trading_account",
-                resource_id=account.id,
+                resource_type="order" if order_id else "trading_account",
+                resource_id=order_id or account.id,
                 metadata={"trading_account_id": account.id, "simulation": simulation},
             )
 
@@ -115,7 +115,7 @@ class DashboardOrders:
             now=now,
         )
         if refusal is not None:
-            await refused(refusal.detail)
+            await audit(False, refusal.detail)
             return refusal
         intent = OrderIntent(
             user=user,
@@ -129,22 +129,14 @@ class DashboardOrders:
             admitted_at=self._clock.now(),
         )
 
-        def success_entry(order_id: str) -> AuditEntry:
-            return self._events.entry(
-                AuditAction.DASHBOARD_ORDER,
-                context,
-                user_id=user.id,
-                success=True,
-                resource_type="order",
-                resource_id=order_id,
-                metadata={"trading_account_id": account.id, "simulation": simulation},
-            )
+        async def record_order(order_id: str) -> None:
+            await audit(True, None, order_id)
 
         dispatched = await self._dispatcher.dispatch(
-            intent, now=now, wait_s=self._settings.order_wait_s, entry=success_entry
+            intent, now=now, wait_s=self._settings.order_wait_s, on_committed=record_order
         )
         outcome = dispatched.outcome
         if isinstance(outcome, Rejected):
-            await refused(outcome.detail)
-        # a success's entry was written with its intent
+            await audit(False, outcome.detail)
+        # a success's entry was written by record_order, while the worker had the order
         return outcome

@@ -1,7 +1,6 @@
 """Handing an order to the user's worker (specification, Endpoints note 5).
 
-1. Write the order intent (status ``queued``) to order history together with the request's
-   success audit entry, durably (``OrderIntentLog``: one statement in Postgres).
+1. Write the order intent (status ``queued``) to order history, durably.
 2. Push the request on the user's request list if the ``worker:active`` mark exists (one
    atomic step, so the check and the push cannot be split by a worker retiring). Without the
    mark, put a start request on worker-control and wait for the mark, for at most half the
@@ -11,30 +10,29 @@
    after the alert's sender gave up, and the first worker host that runs serves it (its
    orphan sweep finds the list), or the worker marks it expired past ``expires_at``.
 3. Wait, bounded, for the reply (the rest of the caller's wait): 200 with the OrderResult, or
-   202 with the order id.
+   202 with the order id. The caller's ``on_committed`` step (its success audit entry) runs
+   during this wait, since once the order is handed over the outcome can only be one of
+   those two.
 
-Nothing is acknowledged without the durable intent (invariant I1), and a durable intent is
-never withdrawn: when the request cannot be handed over (the key-value store failed after
-the admission), the caller gets 202 and the order still runs, since the worker hosts'
-recovery hands over every intent left ``queued`` (``QueuedRecovery``) once the store is
-back. So the success entry written with the intent is the request's one audit entry
-whatever happens after it (I4), and a sender's retry is a replay, never a second order.
+Nothing is acknowledged without the durable intent (invariant I1). If the order cannot be
+handed over, the API cancels the intent with a compare-and-set; if the worker claimed it first,
+the order is on its way and the caller gets 202 instead of a 5xx, so a retry never doubles it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 import attrs
 
 from tradecore.accounts import TradingAccount
-from tradecore.audit import AuditEntry
 from tradecore.errors import DuplicateOrder, StoreUnavailable
 from tradecore.identity import User
 from tradecore.log_fields import bind_log_fields, current_log_fields
+from tradecore.order_lifecycle import Withdrawn
 from tradecore.orders import (
     AlertAction,
     OrderHistoryRecord,
@@ -45,8 +43,9 @@ from tradecore.orders import (
     recorded_order_type,
 )
 from tradecore.ports.messaging import OrderQueue, WorkerDirectory
-from tradecore.ports.repositories import OrderIntentLog
+from tradecore.ports.repositories import OrderHistory
 from tradecore.ports.runtime import RandomSource
+from tradecore.services.alongside import alongside
 from tradecore.services.orders.outcomes import Accepted, Queued
 from tradecore.services.orders.settings import OrderSettings
 from tradecore.services.vocabulary import UNAVAILABLE, Rejected
@@ -92,13 +91,13 @@ class OrderDispatcher:
 
     def __init__(
         self,
-        intents: OrderIntentLog,
+        orders: OrderHistory,
         queue: OrderQueue,
         workers: WorkerDirectory,
         random: RandomSource,
         settings: OrderSettings,
     ) -> None:
-        self._intents = intents
+        self._orders = orders
         self._queue = queue
         self._workers = workers
         self._random = random
@@ -110,15 +109,19 @@ class OrderDispatcher:
         *,
         now: datetime,
         wait_s: float,
-        entry: Callable[[str], AuditEntry],
+        on_committed: Callable[[str], Awaitable[object]] | None = None,
     ) -> Dispatched:
-        """Run the three steps. ``entry(order_id)`` is the request's success audit entry,
-        written with the intent. Raises ``Duplicate`` when the store refuses the fingerprint
-        (neither is written). The outcome is a refusal (503) only when the intent and its
-        entry could not be written; once they are, ``Accepted`` or ``Queued``.
+        """Run the three steps. Raises ``Duplicate`` when the store refuses the fingerprint.
+
+        ``on_committed`` is awaited with the order id exactly when the outcome is a success
+        (``Accepted`` or ``Queued``: the intent is durable and the order on its way), once,
+        before this returns; never for a ``Rejected`` outcome. Once the order is handed over
+        it runs concurrently with the wait for the worker's reply, and this returns when both
+        are done. Its exception is raised here after the wait (the order is on its way all
+        the same); an unexpected exception of the wait is raised after it has finished.
         """
         # Outages are handled step by step, not by @refuses_outages: once the intent is durable
-        # an outage answers 202, the order being on its way.
+        # an outage must withdraw it, or answer 202 when the order is already on its way.
         order_id = self._random.new_id()
         request_id = self._random.new_id()
         # the rest of the request's log lines name the order, its user and its account
@@ -142,7 +145,7 @@ class OrderDispatcher:
             admitted_at=intent.admitted_at,
         )
         try:
-            await self._intents.add(record, entry(order_id))
+            await self._orders.add(record)
         except DuplicateOrder as e:
             raise Duplicate(intent.fingerprint) from e
         except StoreUnavailable:
@@ -156,13 +159,15 @@ class OrderDispatcher:
         try:
             start_wait_s = await self._hand_over(request, wait_s / 2)
         except StoreUnavailable:
-            log.warning(
-                "order %s: not handed over (key-value store unavailable); answering 202,"
-                " the worker hosts' recovery hands it over",
-                order_id,
-            )
-            return Dispatched(Queued(order_id, request_id), order_id=order_id)
-        return await self._reply(order_id, request_id, wait_s - start_wait_s)
+            withdrawn = await self._withdraw(order_id, request_id, UNAVAILABLE)
+            if on_committed is not None and withdrawn.durable:
+                await on_committed(order_id)
+            return withdrawn
+
+        reply = self._reply(order_id, request_id, wait_s - start_wait_s)
+        if on_committed is None:
+            return await reply
+        return await alongside(reply, on_committed(order_id))
 
     async def _reply(self, order_id: str, request_id: str, wait_s: float) -> Dispatched:
         """Step 3: the handed-over order's outcome, Accepted or Queued."""
@@ -192,3 +197,14 @@ class OrderDispatcher:
             )
             await self._queue.park(request)
         return start_wait_s
+
+    async def _withdraw(self, order_id: str, request_id: str, refusal: Rejected) -> Dispatched:
+        """The push failed: cancel the intent unless the worker already claimed it."""
+        try:
+            cancelled = await self._orders.transition(order_id, Withdrawn())
+        except StoreUnavailable:
+            log.error("order %s: push failed and the intent could not be withdrawn", order_id)
+            return Dispatched(Queued(order_id, request_id), order_id=order_id)
+        if cancelled is None:
+            return Dispatched(Queued(order_id, request_id), order_id=order_id)
+        return Dispatched(refusal, order_id=order_id)

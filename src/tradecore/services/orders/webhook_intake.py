@@ -19,10 +19,10 @@ checks, which give it back when a later check refuses (``daily_orders``); a day'
 store does not hold is seeded from the order history first (a second round trip, once per user
 and day or after the store lost its data).
 
-Every request leaves exactly one audit entry; the success entry is written with the order's
-intent, in one write (``OrderDispatcher``). A 5xx before the intent is durable releases the
-replay key and the daily slot, so the sender's retry of the same body is not refused as a
-replay and the count stays the order history's; once it is durable, the key stays.
+Every request leaves exactly one audit entry; the success entry is written while the worker
+executes the order, and the answer waits for both. A 5xx before the intent is durable releases
+the replay key and the daily slot, so the sender's retry of the same body is not refused as a
+replay and the count stays the order history's.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tradecore.attacks import (
     payload_invalid_metadata,
     replay_metadata,
 )
-from tradecore.audit import AuditAction, AuditEntry, RequestContext
+from tradecore.audit import AuditAction, RequestContext
 from tradecore.errors import KeyValueStoreUnavailable, StoreUnavailable
 from tradecore.identity import User
 from tradecore.instruments import resolve_symbol
@@ -256,12 +256,11 @@ class WebhookIntake:
             admitted_at=self._clock.now(),
         )
 
-        def success_entry(order_id: str) -> AuditEntry:
-            return self._events.entry(
+        async def record_order(order_id: str) -> None:
+            held.fingerprint = None  # from here on the order exists: the key must stay
+            await audit(
                 AuditAction.WEBHOOK_ORDER,
-                context,
-                user_id=user.id,
-                success=True,
+                True,
                 resource_type="order",
                 resource_id=order_id,
                 metadata={
@@ -276,7 +275,10 @@ class WebhookIntake:
         daily_slot, held.daily = held.daily, None
         try:
             dispatched = await self._dispatcher.dispatch(
-                intent, now=now, wait_s=self._settings.webhook_wait_s, entry=success_entry
+                intent,
+                now=now,
+                wait_s=self._settings.webhook_wait_s,
+                on_committed=record_order,
             )
         except Duplicate:
             if daily_slot is not None:
@@ -290,12 +292,10 @@ class WebhookIntake:
             return replay_refusal
         outcome = dispatched.outcome
         if isinstance(outcome, Rejected):
-            # the intent was not written: the sender's retry of the same body must not be a
-            # replay
+            # refused before the intent was durable (a success ran record_order, which keeps
+            # the key): the sender's retry of the same body must not be a replay
             await self._release(held)
             await audit(AuditAction.WEBHOOK_ORDER, False, error_message=outcome.detail)
-        else:
-            held.fingerprint = None  # the order exists (its entry written with it): keep the key
         return outcome
 
     async def _admit(self, fingerprint: str, ttl: int, user: User, quota: DailyQuota) -> Admission:
