@@ -27,11 +27,12 @@ from test_repositories import order, postgres_stores, two_users_with_accounts
 from tradecore.errors import DatabaseUnavailable, DuplicateOrder
 from tradecore.order_lifecycle import Submitted
 from tradecore.orders import OrderStatus
-from tradecore_adapters.postgres import Pool
+from tradecore_adapters.postgres import Pool, open_pool
 from tradecore_adapters.postgres.group_commit import (
     GroupCommit,
     Merge,
     Statement,
+    StatementBatcher,
     StatementResult,
     plan_batch,
     shared_batcher,
@@ -475,3 +476,55 @@ async def test_a_split_that_fails_after_the_commit_fails_every_caller_and_writes
     keys = await _keys(pg_pool)
     assert set(keys) == set(ids)
     assert len(set(keys.values())) == 1
+
+
+# --- the connection a batcher holds between batches ------------------------------------------
+
+_PID = Statement("SELECT pg_backend_pid() AS pid", None, ("~pid",))
+
+
+async def _pid(batcher: StatementBatcher) -> int:
+    return int((await batcher.run(_PID)).rows[0]["pid"])
+
+
+async def _session_ended(pool: Pool, pid: int) -> bool:
+    """Whether the server has ended session ``pid`` (looked at for up to two seconds: the
+    server ends a session a moment after its client hung up or it was terminated)."""
+    for _ in range(200):
+        rows = await fetch_all(pool, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if not rows:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+@pytest.mark.postgres
+async def test_a_batcher_writes_on_one_connection_and_gives_it_back_when_the_pool_closes(
+    pg_conninfo: str, pg_pool: Pool
+) -> None:
+    pool = await open_pool(pg_conninfo, min_size=1, max_size=4, timeout_s=5.0)
+    batcher = StatementBatcher(pool)
+    first = await _pid(batcher)
+    async with pool.connection() as conn:  # other work takes another connection meanwhile
+        cursor = await conn.execute("SELECT pg_backend_pid()")
+        other = await cursor.fetchone()
+    second = await _pid(batcher)
+
+    await pool.close()
+
+    assert first == second and other is not None and other[0] != first
+    assert await _session_ended(pg_pool, first)
+
+
+@pytest.mark.postgres
+async def test_a_held_connection_the_server_ended_is_replaced_before_the_next_batch(
+    pg_pool: Pool,
+) -> None:
+    batcher = StatementBatcher(pg_pool)
+    first = await _pid(batcher)
+    await fetch_all(pg_pool, "SELECT pg_terminate_backend(%s)", (first,))
+    assert await _session_ended(pg_pool, first)
+
+    second = await _pid(batcher)  # not an outage: the batcher saw its connection had ended
+
+    assert second != first

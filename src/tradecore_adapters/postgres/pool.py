@@ -40,6 +40,23 @@ def connection_options(timeout_s: float, statement_timeout_s: float) -> dict[str
 PING_AFTER_IDLE_S = 5.0
 
 
+class HoldingPool(AsyncConnectionPool[AsyncConnection[TupleRow]]):
+    """The pool ``make_pool`` builds: an ``AsyncConnectionPool`` that lets a writer keep one
+    of its connections between uses (``group_commit.StatementBatcher``) and gives such a
+    connection back before it closes (``on_close``), since the pool closes only the
+    connections it holds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close: list[Callable[[], Awaitable[None]]] = []
+
+    async def close(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 - the pool's own signature
+        releases, self.on_close = self.on_close, []
+        for release in releases:
+            await release()
+        await super().close(timeout)
+
+
 class ConnectionCheck:
     """The pool's check of a connection before lending it, without a round trip on the hot
     path.
@@ -108,7 +125,7 @@ def make_pool(
     ``await pool.open(wait=True, timeout=...)``); the options are those of ``open_pool``."""
     statement_s = timeout_s if statement_timeout_s is None else statement_timeout_s
     check = ConnectionCheck() if check_on_checkout else None
-    pool: Pool = AsyncConnectionPool(
+    pool: Pool = HoldingPool(
         conninfo,
         kwargs=connection_options(timeout_s, statement_s),
         min_size=min_size,
