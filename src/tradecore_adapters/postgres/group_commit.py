@@ -64,7 +64,12 @@ from psycopg.rows import dict_row
 
 from tradecore.errors import DatabaseUnavailable
 from tradecore_adapters.postgres.errors import database_errors
-from tradecore_adapters.postgres.pool import PING_AFTER_IDLE_S, HoldingPool, Pool, socket_quiet
+from tradecore_adapters.postgres.pool import (
+    PING_AFTER_IDLE_S,
+    HoldingPool,
+    Pool,
+    usable_unpinged,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -285,11 +290,11 @@ class StatementBatcher:
             linger_s=linger_s,
             name="postgres-group-commit",
         )
-        self._holds = max_in_flight == 1 and isinstance(pool, HoldingPool)
+        self._holds = False
         self._held: psycopg.AsyncConnection[Any] | None = None
-        self._held_used = 0.0
-        if self._holds:
-            assert isinstance(pool, HoldingPool)
+        self._held_used: float | None = None  # when the held connection last wrote
+        if max_in_flight == 1 and isinstance(pool, HoldingPool):
+            self._holds = True
             pool.on_close.append(self._give_back)
 
     async def run(self, statement: Statement) -> StatementResult:
@@ -318,11 +323,10 @@ class StatementBatcher:
         """The held connection if it looks usable, else a new one from the pool."""
         conn = self._held
         if conn is not None:
-            idle_s = time.monotonic() - self._held_used
-            if idle_s < PING_AFTER_IDLE_S and socket_quiet(conn):
+            if usable_unpinged(conn, self._held_used, time.monotonic(), PING_AFTER_IDLE_S):
                 return conn
             await self._give_back()
-        self._held = await pool.getconn()
+        self._held, self._held_used = await pool.getconn(), None
         return self._held
 
     async def _give_back(self) -> None:

@@ -90,8 +90,17 @@ class ConnectionCheck:
         now = self._monotonic()
         lent = self._lent.get(conn)
         self._lent[conn] = now
-        if lent is None or now - lent >= self._ping_after_idle_s or not socket_quiet(conn):
+        if not usable_unpinged(conn, lent, now, self._ping_after_idle_s):
             await self._ping(conn)
+
+
+def usable_unpinged(
+    conn: AsyncConnection[Any], last_used: float | None, now: float, ping_after_idle_s: float
+) -> bool:
+    """Whether ``conn``, last used at ``last_used`` (monotonic; None: never), may be used at
+    ``now`` without a ping: used less than ``ping_after_idle_s`` ago, and its socket quiet
+    (``ConnectionCheck``'s rule, which a writer keeping a connection applies too)."""
+    return last_used is not None and now - last_used < ping_after_idle_s and socket_quiet(conn)
 
 
 def socket_quiet(conn: AsyncConnection[Any]) -> bool:
