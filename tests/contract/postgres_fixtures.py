@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tradecore_adapters.postgres import Pool, migrate, open_pool
+from tradecore_adapters.postgres.rows import fetch_all
 
 __all__ = [
     "create_database",
@@ -134,3 +135,14 @@ async def insert_owner(conn: psycopg.AsyncConnection[Any]) -> None:
         " webhook_secret_hash, created_at, max_request_age, max_quantity)"
         " VALUES ('a1', 'u1', 'Main', 'paper', 'h', 's', now(), 300, 1000)"
     )
+
+
+async def session_ended(pool: Pool, pid: int) -> bool:
+    """Whether the server has ended session ``pid`` (looked at for up to two seconds: the
+    server ends a session a moment after its client hung up or it was terminated)."""
+    for _ in range(200):
+        rows = await fetch_all(pool, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if not rows:
+            return True
+        await asyncio.sleep(0.01)
+    return False

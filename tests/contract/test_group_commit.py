@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from postgres_fixtures import session_ended
 from test_repositories import order, postgres_stores, two_users_with_accounts
 
 from tradecore.errors import DatabaseUnavailable, DuplicateOrder
@@ -487,17 +488,6 @@ async def _pid(batcher: StatementBatcher) -> int:
     return int((await batcher.run(_PID)).rows[0]["pid"])
 
 
-async def _session_ended(pool: Pool, pid: int) -> bool:
-    """Whether the server has ended session ``pid`` (looked at for up to two seconds: the
-    server ends a session a moment after its client hung up or it was terminated)."""
-    for _ in range(200):
-        rows = await fetch_all(pool, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
-        if not rows:
-            return True
-        await asyncio.sleep(0.01)
-    return False
-
-
 @pytest.mark.postgres
 async def test_a_batcher_writes_on_one_connection_and_gives_it_back_when_the_pool_closes(
     pg_conninfo: str, pg_pool: Pool
@@ -513,7 +503,7 @@ async def test_a_batcher_writes_on_one_connection_and_gives_it_back_when_the_poo
     await pool.close()
 
     assert first == second and other is not None and other[0] != first
-    assert await _session_ended(pg_pool, first)
+    assert await session_ended(pg_pool, first)
 
 
 @pytest.mark.postgres
@@ -523,8 +513,26 @@ async def test_a_held_connection_the_server_ended_is_replaced_before_the_next_ba
     batcher = StatementBatcher(pg_pool)
     first = await _pid(batcher)
     await fetch_all(pg_pool, "SELECT pg_terminate_backend(%s)", (first,))
-    assert await _session_ended(pg_pool, first)
+    assert await session_ended(pg_pool, first)
 
     second = await _pid(batcher)  # not an outage: the batcher saw its connection had ended
 
     assert second != first
+
+
+@pytest.mark.postgres
+async def test_writers_never_keep_the_connections_a_small_pool_needs_for_the_rest(
+    pg_conninfo: str,
+) -> None:
+    """A pool lets writers keep one connection in four (``KEPT_SHARE``): with two, none."""
+    pool = await open_pool(pg_conninfo, min_size=1, max_size=2, timeout_s=1.0)
+    try:
+        writers = [StatementBatcher(pool) for _ in range(2)]
+        for writer in writers:
+            await _pid(writer)
+
+        rows = await fetch_all(pool, "SELECT 1 AS one")  # a read still gets a connection
+
+        assert rows == [{"one": 1}]
+    finally:
+        await pool.close()

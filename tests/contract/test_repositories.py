@@ -16,6 +16,7 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from postgres_fixtures import session_ended
 
 from tradecore.accounts import TradingAccount
 from tradecore.audit import AuditAction, AuditEntry, RequestContext
@@ -69,7 +70,9 @@ from tradecore_adapters.postgres import (
     PostgresSessionRepository,
     PostgresTradingAccountRepository,
     PostgresUserRepository,
+    open_pool,
 )
+from tradecore_adapters.postgres.rows import fetch_all
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 
@@ -990,6 +993,48 @@ async def test_appends_of_several_processes_form_one_chain_in_id_order(pg_pool: 
     assert sealed[0].previous == GENESIS
     by_id = {s.id: s.entry for s in sealed}
     assert [by_id[i].created_at for i in ids] == [e.created_at for e in entries]
+
+
+async def _audit_writers(pool: Pool) -> list[int]:
+    """The sessions of this database whose last statement appended to the audit log."""
+    rows = await fetch_all(
+        pool,
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query LIKE 'WITH head AS (UPDATE audit_chain_head%'",
+    )
+    return [int(r["pid"]) for r in rows]
+
+
+@pytest.mark.postgres
+async def test_audit_batches_share_one_kept_connection_given_back_when_the_pool_closes(
+    pg_conninfo: str, pg_pool: Pool
+) -> None:
+    pool = await open_pool(pg_conninfo, min_size=4, max_size=4, timeout_s=5.0)
+    audit = PostgresAuditLog(pool)
+    for i in range(3):  # three batches, one after the other (the pool lends in turn)
+        await audit.append(entry("user-1", AuditAction.LOGIN, i))
+    writers = await _audit_writers(pg_pool)
+
+    await pool.close()
+
+    assert len(writers) == 1
+    assert await session_ended(pg_pool, writers[0])
+
+
+@pytest.mark.postgres
+async def test_an_audit_connection_the_server_ended_is_replaced_before_the_next_batch(
+    pg_pool: Pool,
+) -> None:
+    audit = PostgresAuditLog(pg_pool)
+    await audit.append(entry("user-1", AuditAction.LOGIN, 0))
+    [first] = await _audit_writers(pg_pool)
+    await fetch_all(pg_pool, "SELECT pg_terminate_backend(%s)", (first,))
+    assert await session_ended(pg_pool, first)
+
+    await audit.append(entry("user-1", AuditAction.LOGIN, 1))  # not an outage
+
+    assert await _audit_writers(pg_pool) != [first]
+    assert len(await audit.chain()) == 2
 
 
 @pytest.mark.postgres

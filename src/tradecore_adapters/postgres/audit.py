@@ -23,7 +23,7 @@ from tradecore.audit import (
 from tradecore.audit_chain import SealedEntry, normalized, seal
 from tradecore.errors import DatabaseUnavailable
 from tradecore_adapters.postgres.group_commit import GroupCommit
-from tradecore_adapters.postgres.pool import Pool
+from tradecore_adapters.postgres.pool import KeptConnection, Pool, kept_connection
 from tradecore_adapters.postgres.rows import Row, fetch_all, fetch_one, utc
 
 
@@ -163,12 +163,18 @@ def stored_entry_from_row(row: Row) -> StoredAuditEntry:
 
 class PostgresAuditLog:
     """AuditLog on table ``audit_logs``. "Newest first" is descending id, the order in which
-    entries were appended; ``metadata`` values JSON cannot hold are stored as text."""
+    entries were appended; ``metadata`` values JSON cannot hold are stored as text.
+
+    One per process (the composition root's singleton): it keeps one of the pool's
+    connections for its appends when the pool lets it (``pool.kept_connection``), from the
+    first append until the pool closes."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._head: str | None = None  # the newest seal this process saw (a cache)
-        # One batch at a time: the batches of one process never contend for the chain head.
+        # One batch at a time: the batches of one process never contend for the chain head,
+        # and each is written on the same kept connection (no checkout per batch).
+        self._writes: Pool | KeptConnection = kept_connection(pool) or pool
         self._appends: GroupCommit[AuditEntry, int] = GroupCommit(
             self._append_batch, max_batch=_BATCH, max_in_flight=1, linger_s=0.0, name="audit"
         )
@@ -197,11 +203,11 @@ class PostgresAuditLog:
             ]
             chain = {"previous": previous, "last": seals[-1]}
             if len(entries) == 1:
-                rows = await fetch_all(self._pool, _APPEND_ONE, {**chain, **sealed[0]})
+                rows = await fetch_all(self._writes, _APPEND_ONE, {**chain, **sealed[0]})
             else:
                 # The batch as one JSON document (json's C encoder), not one array per
                 # column: psycopg dumps array elements one by one in Python.
-                rows = await fetch_all(self._pool, _APPEND, {**chain, "entries": _dumps(sealed)})
+                rows = await fetch_all(self._writes, _APPEND, {**chain, "entries": _dumps(sealed)})
             if rows:
                 self._head = seals[-1]
                 ids = {str(r["seal"]): int(r["id"]) for r in rows}

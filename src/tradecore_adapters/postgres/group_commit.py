@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
@@ -64,12 +63,7 @@ from psycopg.rows import dict_row
 
 from tradecore.errors import DatabaseUnavailable
 from tradecore_adapters.postgres.errors import database_errors
-from tradecore_adapters.postgres.pool import (
-    PING_AFTER_IDLE_S,
-    HoldingPool,
-    Pool,
-    usable_unpinged,
-)
+from tradecore_adapters.postgres.pool import Pool, kept_connection
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -263,14 +257,11 @@ class BatchAborted(Exception):
 class StatementBatcher:
     """Statements on ``pool`` written by group commit (module doc).
 
-    With one batch in flight at a time (the default) the batcher keeps the connection it
-    writes on between batches, when ``pool`` lets it (``pool.HoldingPool``), instead of
-    taking one from the pool for every batch: on this project's machines a checkout and
-    return after an idle spell cost about 0.13 ms of a lone write (docs/performance.md). The
-    connection is looked at as the pool's check would before each use (not broken, the
-    server has sent nothing since, last used less than ``PING_AFTER_IDLE_S`` ago) and
-    otherwise given back and replaced by one from the pool, which checks it; it is given
-    back after any error of a batch, and when the pool closes."""
+    With one batch in flight at a time (the default), the batcher writes every batch on one
+    connection it keeps between batches when the pool lets it (``pool.kept_connection``:
+    looked at as the pool's check would before each use, replaced when it is not usable,
+    given back after any error of a batch and when the pool closes) instead of taking one
+    from the pool per batch."""
 
     def __init__(
         self,
@@ -280,9 +271,6 @@ class StatementBatcher:
         max_in_flight: int = MAX_IN_FLIGHT,
         linger_s: float = LINGER_S,
     ) -> None:
-        # A weak reference: the batcher is kept per pool (``shared_batcher``) and must not
-        # keep a closed pool alive.
-        self._pool = weakref.ref(pool)
         self._group: GroupCommit[Statement, StatementResult] = GroupCommit(
             self._write,
             max_batch=max_batch,
@@ -290,12 +278,11 @@ class StatementBatcher:
             linger_s=linger_s,
             name="postgres-group-commit",
         )
-        self._holds = False
-        self._held: psycopg.AsyncConnection[Any] | None = None
-        self._held_used: float | None = None  # when the held connection last wrote
-        if max_in_flight == 1 and isinstance(pool, HoldingPool):
-            self._holds = True
-            pool.on_close.append(self._give_back)
+        # A weak reference to the pool: the batcher is kept per pool (``shared_batcher``) and
+        # must not keep a closed pool alive (a KeptConnection refers to it weakly too). With
+        # several batches in flight each takes its own connection from the pool.
+        self._pool = weakref.ref(pool)
+        self._kept = kept_connection(pool) if max_in_flight == 1 else None
 
     async def run(self, statement: Statement) -> StatementResult:
         """Run ``statement`` in the next batch; its result once the batch is committed.
@@ -303,43 +290,12 @@ class StatementBatcher:
         return await self._group.submit(statement)
 
     async def _write(self, statements: list[Statement]) -> list[StatementResult]:
-        pool = self._pool()
-        if pool is None:
+        connections = self._kept or self._pool()
+        if connections is None:
             raise DatabaseUnavailable("database unavailable: the pool is gone")
         with database_errors():
-            if not self._holds:
-                async with pool.connection() as conn:
-                    return await _write_on(conn, statements)
-            conn = await self._connection(pool)
-            try:
-                results = await _write_on(conn, statements)
-            except BaseException:
-                await self._give_back()
-                raise
-            self._held_used = time.monotonic()
-            return results
-
-    async def _connection(self, pool: Pool) -> psycopg.AsyncConnection[Any]:
-        """The held connection if it looks usable, else a new one from the pool."""
-        conn = self._held
-        if conn is not None:
-            if usable_unpinged(conn, self._held_used, time.monotonic(), PING_AFTER_IDLE_S):
-                return conn
-            await self._give_back()
-        self._held, self._held_used = await pool.getconn(), None
-        return self._held
-
-    async def _give_back(self) -> None:
-        """Return the held connection to the pool (which closes it when it is broken or
-        the pool closed)."""
-        conn, self._held = self._held, None
-        pool = self._pool()
-        if conn is None:
-            return
-        if pool is None:
-            await conn.close()
-            return
-        await pool.putconn(conn)
+            async with connections.connection() as conn:
+                return await _write_on(conn, statements)
 
 
 async def _write_on(

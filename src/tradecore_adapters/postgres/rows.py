@@ -1,5 +1,6 @@
-"""Small helpers shared by the adapters: one statement per pooled connection, UTC times, and
-the compare-and-set UPDATE of the repositories' ``save`` (``ports.repositories.save_fields``)."""
+"""Small helpers shared by the adapters: one statement on a pooled (or kept) connection, UTC
+times, and the compare-and-set UPDATE of the repositories' ``save``
+(``ports.repositories.save_fields``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from psycopg.abc import Params, QueryNoTemplate
 from psycopg.rows import dict_row
 
 from tradecore_adapters.postgres.errors import database_errors
-from tradecore_adapters.postgres.pool import Pool
+from tradecore_adapters.postgres.pool import KeptConnection, Pool
 
 Row = dict[str, Any]
 
@@ -34,8 +35,11 @@ async def fetch_one(pool: Pool, query: QueryNoTemplate, params: Params | None = 
             return await cur.fetchone()
 
 
-async def fetch_all(pool: Pool, query: QueryNoTemplate, params: Params | None = None) -> list[Row]:
-    """Run one statement; every row."""
+async def fetch_all(
+    pool: Pool | KeptConnection, query: QueryNoTemplate, params: Params | None = None
+) -> list[Row]:
+    """Run one statement (on a connection of ``pool``, or on a writer's kept one); every
+    row."""
     with database_errors():
         async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query, params)
