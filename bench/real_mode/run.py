@@ -23,6 +23,11 @@ with a verified paper account each plus ``--cold`` users kept for cold activatio
 ``i`` sends to API ``i % N``; the hosts share the users through their leases); the CPU of each
 process is reported under its own name (``api1``, ``worker2``...).
 
+``--design reference`` measures the reference design of issue 13 instead (``reference/``: a
+lean batched API and worker host on their own tables, ``ReferenceStack``) with the same load
+client and phases: latency and throughput only, one API process and one worker host. Its
+results carry ``"design": "reference"`` and its files are named ``<label><N>-reference-...``.
+
 Everything is removed at the end (processes, database, Redis database), also on Ctrl-C.
 Results: ``bench/real_mode/results/run<N>-<time>.json`` and a summary on stdout.
 """
@@ -210,9 +215,15 @@ def pids(stack: Stack) -> dict[str, int]:
 
 def one_run(args: argparse.Namespace, number: int, redis_url: str) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="tradecore-bench-"))
-    stack = Stack(workdir, apis=args.apis, workers=args.workers, redis_url=redis_url)
+    if args.design == "reference":
+        from reference.stack import ReferenceStack
+
+        stack: Any = ReferenceStack(workdir, redis_url=redis_url)
+    else:
+        stack = Stack(workdir, apis=args.apis, workers=args.workers, redis_url=redis_url)
     report: dict[str, Any] = {
         "run": number,
+        "design": args.design,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "args": {k: v for k, v in vars(args).items() if k != "func"},
@@ -246,7 +257,8 @@ def one_run(args: argparse.Namespace, number: int, redis_url: str) -> dict[str, 
 
 
 def summary(reports: list[dict[str, Any]]) -> str:
-    lines = ["| measure | goal | " + " | ".join(f"run {r['run']}" for r in reports) + " |"]
+    names = [f"run {r['run']}" + (f" ({r['design']})" if "design" in r else "") for r in reports]
+    lines = ["| measure | goal | " + " | ".join(names) + " |"]
     lines.append("|---|---|" + "---|" * len(reports))
 
     def row(name: str, goal: str, pick: Any) -> None:
@@ -339,6 +351,12 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds before reading RSS")
     parser.add_argument("--quiet-wait", type=float, default=120.0)
     parser.add_argument("--label", default="run")
+    parser.add_argument(
+        "--design",
+        choices=("tradecore", "reference"),
+        default="tradecore",
+        help="the service measured: tradecore, or issue 13's reference design (reference/)",
+    )
     parser.add_argument("--apis", type=int, default=1, help="API processes")
     parser.add_argument("--workers", type=int, default=1, help="worker hosts")
     parser.add_argument(
@@ -351,6 +369,11 @@ def main() -> None:
     if args.client == "wrk" and args.apis > 1:
         # wrk sends every request to one address: the other API processes would sit idle
         parser.error("--client wrk drives one API process; use the aiohttp client with --apis")
+    if args.design == "reference":
+        if {"cold", "memory"} & set(args.phases):
+            parser.error("--design reference runs the latency and throughput phases only")
+        if args.apis != 1 or args.workers != 1 or args.redis_cluster:
+            parser.error("--design reference runs one API process and one worker host on one Redis")
 
     # SIGTERM ends the run through the same cleanup as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -387,7 +410,8 @@ def run_all(args: argparse.Namespace, redis_url: str) -> list[dict[str, Any]]:
         log(f"run {number} of {args.runs}")
         report = one_run(args, number, redis_url)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        out = RESULTS / f"{args.label}{number}-{stamp}.json"
+        design = "" if args.design == "tradecore" else f"-{args.design}"
+        out = RESULTS / f"{args.label}{number}{design}-{stamp}.json"
         dump(out, report)
         log(f"written {out}")
         reports.append(report)
