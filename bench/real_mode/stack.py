@@ -359,21 +359,10 @@ class Stack:
 
     def close(self) -> None:
         """End the processes, drop the database, flush the Redis database. Idempotent."""
-        for process in self.processes():
-            with contextlib.suppress(Exception):
-                process.stop()
-        if self._created:
-            with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        sql.Identifier(self.database)
-                    )
-                )
-            self._created = False
+        tear_down(self.processes(), self.database if self._created else None, self.workdir)
+        self._created = False
         with contextlib.suppress(redis.RedisError):
             self._flush_redis()
-        if not os.environ.get("BENCH_KEEP_LOGS"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _flush_redis(self) -> None:
         flush_redis(self.redis_url)
@@ -386,6 +375,20 @@ class Stack:
             "base_urls": self.base_urls,
             "workers": len(self.workers),
         }
+
+
+def tear_down(processes: Sequence[Process], database: str | None, workdir: Path) -> None:
+    """End ``processes``, drop ``database`` (None: nothing to drop) and remove ``workdir``
+    (kept with BENCH_KEEP_LOGS set): a stack's teardown but for its Redis."""
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.stop()
+    if database is not None:
+        with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(database)))
+    if not os.environ.get("BENCH_KEEP_LOGS"):
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def dump(path: Path, data: Any) -> None:

@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import os
 import secrets
-import shutil
 import sys
 import time
 import urllib.request
@@ -27,7 +26,16 @@ from urllib.parse import urlsplit
 import psycopg
 import redis
 from psycopg import sql
-from stack import ADMIN_URL, REDIS_URL, START_TIMEOUT_S, Process, _loopback, flush_redis, free_port
+from stack import (
+    ADMIN_URL,
+    REDIS_URL,
+    START_TIMEOUT_S,
+    Process,
+    _loopback,
+    flush_redis,
+    free_port,
+    tear_down,
+)
 
 HERE = Path(__file__).resolve().parent.parent  # bench/real_mode: where ``reference`` lives
 
@@ -150,18 +158,10 @@ class ReferenceStack:
 
     def close(self) -> None:
         """End the processes, drop the database, flush the Redis database. Idempotent."""
-        for process in self.processes():
-            with contextlib.suppress(Exception):
-                process.stop()
-        if self._created:
-            with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-                drop = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
-                conn.execute(sql.SQL(drop).format(sql.Identifier(self.database)))
-            self._created = False
+        tear_down(self.processes(), self.database if self._created else None, self.workdir)
+        self._created = False
         with contextlib.suppress(redis.RedisError):
             flush_redis(self.redis_url)
-        if not os.environ.get("BENCH_KEEP_LOGS"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def describe(self) -> dict[str, Any]:
         return {
