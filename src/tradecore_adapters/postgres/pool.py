@@ -42,37 +42,40 @@ def connection_options(timeout_s: float, statement_timeout_s: float) -> dict[str
 PING_AFTER_IDLE_S = 5.0
 
 
+KEPT_SHARE = 4
+"""A pool lets writers keep at most one of every ``KEPT_SHARE`` of its connections
+(``HoldingPool.keep``; 2 of the service's 10), so a small pool is never drained by them."""
+
+
 class HoldingPool(AsyncConnectionPool[AsyncConnection[TupleRow]]):
-    """The pool ``make_pool`` builds: an ``AsyncConnectionPool`` that lets a writer keep one
-    of its connections between uses (``KeptConnection``) and gives such a connection back
-    before it closes (``on_close``), since the pool closes only the connections it holds."""
+    """The pool ``make_pool`` builds: an ``AsyncConnectionPool`` that lets writers keep some
+    of its connections between uses (``keep``) and gives those back before it closes, since
+    the pool closes only the connections it holds."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.on_close: list[Callable[[], Awaitable[None]]] = []
-        self.keepers = 0  # the KeptConnections made on this pool
+        self._kept: list[KeptConnection] = []
+
+    def keep(self) -> KeptConnection | None:
+        """A ``KeptConnection`` for a writer with one use in flight at a time, while fewer
+        than one in ``KEPT_SHARE`` of the pool's connections are kept; None otherwise (the
+        writer then takes a connection for each use). The first writers to ask get one; the
+        service's are made once per process (singletons)."""
+        if (len(self._kept) + 1) * KEPT_SHARE > self.max_size:
+            return None
+        kept = KeptConnection(self)
+        self._kept.append(kept)
+        return kept
 
     async def close(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 - the pool's own signature
-        releases, self.on_close = self.on_close, []
-        for release in releases:
-            await release()
+        for kept in self._kept:
+            await kept.give_back()
         await super().close(timeout)
 
 
-KEPT_SHARE = 4
-"""A pool lets writers keep at most one of every ``KEPT_SHARE`` of its connections
-(``kept_connection``; 2 of the service's 10), so a small pool is never drained by them."""
-
-
 def kept_connection(pool: Pool) -> KeptConnection | None:
-    """A ``KeptConnection`` for a writer with one use in flight at a time, when ``pool`` is a
-    ``HoldingPool`` with room for another (``KEPT_SHARE``); None otherwise, and the writer
-    takes a connection from the pool for each use. The first writers to ask get one; the
-    service's are made once per process (singletons)."""
-    if not isinstance(pool, HoldingPool) or (pool.keepers + 1) * KEPT_SHARE > pool.max_size:
-        return None
-    pool.keepers += 1
-    return KeptConnection(pool)
+    """``pool.keep()`` on a ``HoldingPool``; None on any other pool."""
+    return pool.keep() if isinstance(pool, HoldingPool) else None
 
 
 class KeptConnection:
@@ -82,11 +85,12 @@ class KeptConnection:
     (docs/performance.md). For a writer with one use in flight at a time (a group commit's
     drainer), never for concurrent callers.
 
-    ``connection()`` lends it as ``pool.connection()`` lends one: the kept connection when it
-    is usable without a ping (``usable_unpinged``, the pool check's rule), otherwise it is
-    given back (the pool closes a broken one) and another taken from the pool, which checks
-    it. An exception inside the block gives it back too, so a connection in an unknown
-    state is never used again by the writer. The pool gives it back before closing."""
+    Made by ``HoldingPool.keep``. ``connection()`` lends it as ``pool.connection()`` lends one
+    (the caller translates driver errors): the kept connection when it is usable without a
+    ping (``usable_unpinged``, the pool check's rule), otherwise it is given back (the pool
+    closes a broken one) and another taken from the pool, which checks it. An exception
+    inside the block gives it back too, so a connection in an unknown state is never used
+    again by the writer. The pool gives it back before closing."""
 
     def __init__(self, pool: HoldingPool) -> None:
         # A weak reference: the writer keeping this may itself be kept per pool (in a
@@ -94,7 +98,6 @@ class KeptConnection:
         self._pool = weakref.ref(pool)
         self._conn: AsyncConnection[Any] | None = None
         self._used: float | None = None  # when the kept connection was last used
-        pool.on_close.append(self.give_back)
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -116,8 +119,7 @@ class KeptConnection:
         pool = self._pool()
         if pool is None:
             raise DatabaseUnavailable("database unavailable: the pool is gone")
-        with database_errors():
-            self._conn, self._used = await pool.getconn(), None
+        self._conn, self._used = await pool.getconn(), None
         return self._conn
 
     async def give_back(self) -> None:
