@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import hashlib
 import hmac
 import ipaddress
@@ -49,9 +48,10 @@ from typing import Any
 import orjson
 import psycopg
 import redis.asyncio as aioredis
-import uvloop
 from aiohttp import web
 from redis.exceptions import RedisError
+
+from tradecore_entrypoints.loop import run_fast, settle_heap  # serve's loop and heap tuning
 
 log = logging.getLogger("reference.api")
 
@@ -570,13 +570,6 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
-def settle_heap() -> None:
-    """tradecore's tuning of the garbage collector after start (``loop.settle_heap``)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
@@ -586,8 +579,7 @@ def main() -> None:
     parser.add_argument("--rate-limit-per-minute", type=int, default=60)  # tradecore's default
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(args))
+    run_fast(serve(args))
 
 
 if __name__ == "__main__":

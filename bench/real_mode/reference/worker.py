@@ -44,10 +44,10 @@ import orjson
 import psycopg
 import psycopg_pool
 import redis.asyncio as aioredis
-import uvloop
 from redis.exceptions import RedisError
 
-from reference.api import MAX_BATCH, QUEUE, REPLY_KEY, REPLY_TTL_S, GroupCommit, plain, settle_heap
+from reference.api import MAX_BATCH, QUEUE, REPLY_KEY, REPLY_TTL_S, GroupCommit, plain
+from tradecore_entrypoints.loop import run_fast, settle_heap  # worker's loop and heap tuning
 
 log = logging.getLogger("reference.worker")
 
@@ -339,8 +339,7 @@ def main() -> None:
     parser.add_argument("--redis-url", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run(args))
+    run_fast(run(args))
 
 
 if __name__ == "__main__":
