@@ -224,6 +224,29 @@ async def test_a_late_settle_of_the_latest_delivery_is_honoured(kv: KvHarness) -
     assert (following.task, following.receive_count) == (fill_task("o2"), 1)
 
 
+async def test_an_older_message_made_visible_meanwhile_comes_first_after_a_visibility_timeout(
+    kv: KvHarness,
+) -> None:
+    """A message that became visible while its group was busy is older than the one in
+    flight: when that one's visibility timeout ends, the older is delivered first; a late
+    settle of the other (still its latest delivery) leaves the group busy with the older."""
+    tasks = kv.tasks(visibility_timeout_s=SHORT_S)
+    await tasks.send(fill_task("o1"), SHORT_S)  # sent first, visible later
+    await tasks.send(fill_task("o2"), 0)
+    slow = await received(tasks)
+    assert slow.task == fill_task("o2")
+    await pass_short_times(kv, 2)  # o1 is due, o2's visibility timeout has ended
+    older = await received(tasks, NEVER_S)
+    assert (older.task, older.receive_count) == (fill_task("o1"), 1)
+    await tasks.send(fill_task("o3"), 0)
+    await tasks.ack(slow)  # o2 was not delivered again: its late settle is honoured
+    assert await tasks.receive(0) is None  # the group is still busy with o1
+    await tasks.ack(older)
+    following = await received(tasks, NEVER_S)
+    assert (following.task, following.receive_count) == (fill_task("o3"), 1)
+    assert await tasks.receive(0) is None
+
+
 async def test_a_settled_delivery_cannot_be_settled_again(kv: KvHarness) -> None:
     tasks = kv.tasks()
     await tasks.send(fill_task("o1"), 0)

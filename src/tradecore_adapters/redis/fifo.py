@@ -80,6 +80,11 @@ DEDUP_WINDOW_S = 300.0
 """How long a sent order's task deduplicates further sends of that order (SQS FIFO's window)."""
 
 # ARGV[1] is the shard's prefix (= KEYS[1]), the last ARGV the wake-up channel.
+#
+# The scripts keep one invariant: READY holds g, scored by its oldest visible id, exactly when
+# g has a visible message and nothing in flight. Each maintains it with the fewest commands
+# its case needs (a script's cost is mostly its number of redis.call: each converts its
+# arguments and reply between Lua and Redis), rather than recomputing it from scratch.
 _COMMON = """
 local P = ARGV[1]
 local CHANNEL = ARGV[#ARGV]
@@ -93,38 +98,44 @@ local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- READY holds g, scored by its oldest visible id, exactly when g has one and nothing in flight.
-local function refresh(g)
-  if redis.call('HEXISTS', BUSY, g) == 1 then
-    redis.call('ZREM', READY, g)
-    return
-  end
+-- g has nothing in flight now (its message in flight was just settled): it becomes ready
+-- with its oldest visible message, if it has one. Wakes the waiting receivers when READY was
+-- empty before (a message became deliverable while none was); returns whether it did.
+local function freed(g)
+  local head = redis.call('ZRANGE', grp(g), 0, 0, 'WITHSCORES')
+  if not head[1] then return false end
+  local was_ready = redis.call('ZCARD', READY) > 0
+  redis.call('ZADD', READY, head[2], g)
+  if was_ready then return false end
+  redis.call('PUBLISH', CHANNEL, 'ready')
+  return true
+end
+-- g just lost a visible message: unless g is busy (with another message: a receive may have
+-- delivered an older one of g after this one's visibility timeout), READY follows its new
+-- head. (A g that was not busy was in READY, so READY was not empty: nobody needs waking.)
+local function lost_visible(g)
+  if redis.call('HEXISTS', BUSY, g) == 1 then return end
   local head = redis.call('ZRANGE', grp(g), 0, 0, 'WITHSCORES')
   if head[1] then redis.call('ZADD', READY, head[2], g) else redis.call('ZREM', READY, g) end
 end
-local function place(id, g, visible_at, now)
-  if visible_at <= now then
-    redis.call('ZADD', grp(g), id, id)
-    refresh(g)
-  else
-    redis.call('ZADD', TIMERS, fmt(visible_at), id)
-  end
-end
+-- Take the message a settle names out of the queue (its hash stays). It is either in flight
+-- (BUSY names it, its visibility timer is set) or, its visibility timeout processed by a
+-- receive, visible in its group. Returns whether it was in flight (its group is free now);
+-- the caller keeps the invariant with ``freed`` or ``lost_visible``.
 local function unplace(id, g)
+  if redis.call('HGET', BUSY, g) == id then
+    redis.call('HDEL', BUSY, g)
+    redis.call('ZREM', TIMERS, id)
+    return true
+  end
   redis.call('ZREM', TIMERS, id)
   redis.call('ZREM', grp(g), id)
-  if redis.call('HGET', BUSY, g) == id then redis.call('HDEL', BUSY, g) end
+  return false
 end
--- Wake the waiting receivers when a message became deliverable while none was (READY was
--- empty before the script's change: ``was_ready``), or when the timer just set for ``id`` is
--- now the earliest (a receiver sleeps until the earliest timer).
-local function notify(was_ready, id)
-  local wake = (not was_ready) and redis.call('ZCARD', READY) > 0
-  if not wake and id then
-    local first = redis.call('ZRANGE', TIMERS, 0, 0)
-    wake = first[1] == id
-  end
-  if wake then redis.call('PUBLISH', CHANNEL, 'ready') end
+-- Wake the waiting receivers when the timer just set for ``id`` is now the earliest (a
+-- receiver sleeps until the earliest timer).
+local function notify_timer(id)
+  if redis.call('ZRANGE', TIMERS, 0, 0)[1] == id then redis.call('PUBLISH', CHANNEL, 'ready') end
 end
 -- The message a receipt 'id.count' names, if that delivery is its latest and unsettled.
 local function current(receipt)
@@ -137,17 +148,29 @@ end
 """
 
 # ARGV: prefix, body, group, delay (us), order id, deduplication window (ms). Returns the id,
-# or '' when the order was sent within the window (nothing stored).
+# or '' when the order was sent within the window (nothing stored). A message visible at once
+# is its group's newest (ids grow), so it is the group's head only if the group had none:
+# NX adds g to READY then, and changes nothing otherwise.
 _SEND = (
     _COMMON
     + """
 if not redis.call('SET', P .. ':dedup:' .. ARGV[5], '1', 'NX', 'PX', ARGV[6]) then return '' end
 local now = now_us()
-local was_ready = redis.call('ZCARD', READY) > 0
+local g = ARGV[3]
 local id = tostring(redis.call('INCR', P .. ':seq'))
-redis.call('HSET', msg(id), 'body', ARGV[2], 'group', ARGV[3], 'count', 0, 'inflight', 0)
-place(id, ARGV[3], now + tonumber(ARGV[4]), now)
-notify(was_ready, id)
+redis.call('HSET', msg(id), 'body', ARGV[2], 'group', g, 'count', 0, 'inflight', 0)
+local visible_at = now + tonumber(ARGV[4])
+if visible_at > now then
+  redis.call('ZADD', TIMERS, fmt(visible_at), id)
+  notify_timer(id)
+  return id
+end
+redis.call('ZADD', grp(g), id, id)
+if redis.call('HEXISTS', BUSY, g) == 0 then
+  local was_ready = redis.call('ZCARD', READY) > 0
+  redis.call('ZADD', READY, 'NX', id, g)
+  if not was_ready then redis.call('PUBLISH', CHANNEL, 'ready') end
+end
 return id
 """
 )
@@ -155,38 +178,50 @@ return id
 # ARGV: prefix, visibility timeout (us), timer batch, most deliveries wanted (n >= 1).
 # Returns up to n deliveries, oldest head first, flat: {id1, count1, body1, id2, ...}; or
 # {'', us until the earliest timer} ({'', -1} without timers) when nothing is deliverable.
+# Due timers first: each message becomes visible in its group, and a group with nothing in
+# flight takes it as its head when it is older than the head it had (ZADD LT; added when it
+# had none); a message whose visibility timeout ended frees its group, whose head is then
+# read (a message made visible while the group was busy may be older). Then the
+# oldest heads are delivered: ZPOPMIN takes the group out of READY (it is busy now) with its
+# head's id as the score.
 _RECEIVE = (
     _COMMON
     + """
 local now = now_us()
 local due = redis.call('ZRANGEBYSCORE', TIMERS, '-inf', fmt(now), 'LIMIT', 0, tonumber(ARGV[3]))
-local touched = {}
-for _, id in ipairs(due) do
-  redis.call('ZREM', TIMERS, id)
-  local g = redis.call('HGET', msg(id), 'group')
-  if g then
-    if redis.call('HGET', BUSY, g) == id then redis.call('HDEL', BUSY, g) end
-    redis.call('ZADD', grp(g), id, id)
-    touched[g] = true
+if due[1] then
+  redis.call('ZREMRANGEBYRANK', TIMERS, 0, #due - 1)  -- the due timers are the first ranks
+  for _, id in ipairs(due) do
+    local m = redis.call('HMGET', msg(id), 'group', 'inflight')
+    local g = m[1]
+    if g then
+      redis.call('ZADD', grp(g), id, id)
+      if m[2] == '1' and redis.call('HGET', BUSY, g) == id then
+        -- its visibility timeout ended: g is free, and its head may be older than id
+        redis.call('HDEL', BUSY, g)
+        local head = redis.call('ZRANGE', grp(g), 0, 0, 'WITHSCORES')
+        redis.call('ZADD', READY, head[2], g)
+      elseif redis.call('HEXISTS', BUSY, g) == 0 then
+        redis.call('ZADD', READY, 'LT', id, g)
+      end
+    end
   end
 end
-for g in pairs(touched) do refresh(g) end
-local wanted = 3 * tonumber(ARGV[4])
+local visible_until = fmt(now + tonumber(ARGV[2]))
 local out = {}
-while #out < wanted do
-  local head = redis.call('ZRANGE', READY, 0, 0)
+for _ = 1, tonumber(ARGV[4]) do
+  local head = redis.call('ZPOPMIN', READY)
   if not head[1] then break end
-  local g = head[1]
-  local id = redis.call('ZRANGE', grp(g), 0, 0)[1]
+  local g, id = head[1], fmt(tonumber(head[2]))
   redis.call('ZREM', grp(g), id)
-  local count = redis.call('HINCRBY', msg(id), 'count', 1)
-  redis.call('HSET', msg(id), 'inflight', 1)
+  local m = redis.call('HMGET', msg(id), 'body', 'count')
+  local count = tonumber(m[2]) + 1
+  redis.call('HSET', msg(id), 'count', count, 'inflight', 1)
   redis.call('HSET', BUSY, g, id)
-  redis.call('ZADD', TIMERS, fmt(now + tonumber(ARGV[2])), id)
-  redis.call('ZREM', READY, g)  -- g is busy now: its next message waits for a settle
+  redis.call('ZADD', TIMERS, visible_until, id)
   out[#out + 1] = id
   out[#out + 1] = count
-  out[#out + 1] = redis.call('HGET', msg(id), 'body')
+  out[#out + 1] = m[1]
 end
 if out[1] then return out end
 local first = redis.call('ZRANGE', TIMERS, 0, 0, 'WITHSCORES')
@@ -219,28 +254,31 @@ _ACK = (
     + """
 local id, g = current(ARGV[2])
 if not id then return 0 end
-local was_ready = redis.call('ZCARD', READY) > 0
-unplace(id, g)
+local in_flight = unplace(id, g)
 redis.call('DEL', msg(id))
-refresh(g)
-notify(was_ready, nil)
+if in_flight then freed(g) else lost_visible(g) end
 return 1
 """
 )
 
-# ARGV: prefix, receipt, delay (us). Returns 1 when re-scheduled.
+# ARGV: prefix, receipt, delay (us). Returns 1 when re-scheduled. The message goes back where
+# a send would put it, keeping its id (so its place in its group), behind a timer or visible.
 _RETRY = (
     _COMMON
     + """
 local id, g = current(ARGV[2])
 if not id then return 0 end
 local now = now_us()
-local was_ready = redis.call('ZCARD', READY) > 0
-unplace(id, g)
+local in_flight = unplace(id, g)
 redis.call('HSET', msg(id), 'inflight', 0)
-refresh(g)
-place(id, g, now + tonumber(ARGV[3]), now)
-notify(was_ready, id)
+local visible_at = now + tonumber(ARGV[3])
+local woke = false
+if visible_at <= now then redis.call('ZADD', grp(g), id, id) end
+if in_flight then woke = freed(g) else lost_visible(g) end
+if visible_at > now then
+  redis.call('ZADD', TIMERS, fmt(visible_at), id)
+  if not woke then notify_timer(id) end
+end
 return 1
 """
 )
@@ -252,11 +290,9 @@ _DEAD_LETTER = (
 local id, g = current(ARGV[2])
 if not id then return 0 end
 local body = redis.call('HGET', msg(id), 'body')
-local was_ready = redis.call('ZCARD', READY) > 0
-unplace(id, g)
+local in_flight = unplace(id, g)
 redis.call('DEL', msg(id))
-refresh(g)
-notify(was_ready, nil)
+if in_flight then freed(g) else lost_visible(g) end
 local t = redis.call('TIME')
 local at = fmt(tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local letter = '{"reason":' .. cjson.encode(ARGV[3]) .. ',"task":' .. body .. ',"at":' .. at .. '}'
