@@ -36,6 +36,7 @@ from tradecore.ports.protection import (
 from tradecore.services.orders.daily_orders import DailyOrders
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
 from tradecore_adapters.redis import RedisRateLimiter, RedisReplayStore, open_connections
+from tradecore_adapters.redis.batching import shared_batcher
 from tradecore_adapters.redis.protection import RedisDailyOrderCounter, RedisWebhookAdmission
 
 LIMIT = RATE_LIMIT_PER_MINUTE
@@ -451,13 +452,14 @@ async def test_one_admission_is_one_command(
     admission = RedisWebhookAdmission(redis_client)
     await admission.admit("warm-up", 600, "u0", 60, 60)  # the script is cached from here on
     sent: list[str] = []
-    execute = redis_client.execute_command
+    batcher = shared_batcher(redis_client)  # every call of the adapter goes through it
+    send = batcher._send
 
-    async def counted(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return await execute(*args, **options)
+    async def counted(commands: list[tuple[Any, ...]]) -> list[Any]:
+        sent.extend(str(command[0]) for command in commands)
+        return await send(commands)
 
-    monkeypatch.setattr(redis_client, "execute_command", counted)
+    monkeypatch.setattr(batcher, "_send", counted)
     await admission.admit("fp1", 600, "u1", 60, 60)
     await admission.admit("fp1", 600, "u1", 60, 60)
 

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from redis import exceptions as rx
@@ -19,7 +20,7 @@ from redis_fixtures import flush
 
 from tradecore.errors import KeyValueStoreUnavailable
 from tradecore_adapters.redis import RedisConnections, connect, open_connections
-from tradecore_adapters.redis.batching import RedisBatcher, shared_batcher
+from tradecore_adapters.redis.batching import KEEP_FROM, RedisBatcher, shared_batcher
 from tradecore_adapters.redis.client import Client
 from tradecore_adapters.redis.errors import unavailable_on_failure
 
@@ -195,6 +196,104 @@ async def test_a_lost_connection_fails_every_call_of_the_pipeline_and_sends_noth
         # the first call ran once: the pipeline was not sent again after the failure
         assert await batcher.command("GET", "ran") == "1"
         assert await batcher.command("GET", "never") is None
+    finally:
+        await client.aclose()
+
+
+class ReplyCutter:
+    """A TCP relay to the Redis server that, once ``cut_next_reply`` is set, closes the
+    connection that the next reply would go back on instead of relaying it: the command ran,
+    its caller sees a lost connection."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self.cut_next_reply = False
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._target)
+
+        async def pipe(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, replies: bool
+        ) -> None:
+            while data := await source.read(65536):
+                if replies and self.cut_next_reply:
+                    self.cut_next_reply = False
+                    break
+                sink.write(data)
+                await sink.drain()
+            writer.close()
+            up_writer.close()
+
+        for task in (pipe(reader, up_writer, False), pipe(up_reader, writer, True)):
+            self._tasks.add(asyncio.create_task(task))
+
+
+async def test_a_lone_call_whose_reply_is_lost_is_not_sent_again(redis_url: str) -> None:
+    # A call sent alone (nothing else in flight) follows the pipeline's rule: run twice, an
+    # order's push would be a doubled order (the client's own retry would send it again).
+    url = urlsplit(redis_url)
+    cutter = ReplyCutter(url.hostname or "127.0.0.1", url.port or 6379)
+    port = await cutter.start()
+    client = connect(url._replace(netloc=f"127.0.0.1:{port}").geturl(), socket_timeout_s=2.0)
+    try:
+        batcher = Recorded(client)
+        await batcher.command("DEL", "ran")
+        batcher.forget()
+        cutter.cut_next_reply = True
+
+        with pytest.raises(KeyValueStoreUnavailable) as raised, unavailable_on_failure("call"):
+            await batcher.command("INCR", "ran")
+
+        assert batcher.sizes == [1]
+        assert isinstance(raised.value.__cause__, rx.ConnectionError)
+        assert await batcher.command("GET", "ran") == "1"  # it ran once, on a new connection
+    finally:
+        await client.aclose()
+        await cutter.aclose()
+
+
+async def test_the_batcher_keeps_a_connection_of_its_own_and_replaces_one_the_server_closed(
+    redis_url: str, redis_client: Redis
+) -> None:
+    client = connect(redis_url, socket_timeout_s=2.0, max_connections=KEEP_FROM)
+    try:
+        batcher = Recorded(client)
+        kept = await batcher.command("CLIENT", "ID")
+        together = await asyncio.gather(*(batcher.command("CLIENT", "ID") for _ in range(3)))
+        assert set(together) == {kept}
+        assert await client.client_id() != kept  # the pool's others serve the client
+
+        await redis_client.client_kill_filter(_id=kept)  # closed while the batcher is idle
+        assert await batcher.command("INCR", "after") == 1  # replaced first: no failure
+        assert await batcher.command("CLIENT", "ID") != kept
+    finally:
+        await client.aclose()
+
+
+async def test_a_pool_too_small_to_spare_a_connection_stays_shared(redis_url: str) -> None:
+    client = connect(redis_url, socket_timeout_s=0.5, max_connections=KEEP_FROM - 1)
+    try:
+        batcher = Recorded(client)
+        assert await batcher.command("INCR", "n") == 1
+        pool = client.connection_pool
+        # every connection of the pool can be had (a kept one would make the last wait, then
+        # fail after the pool's timeout)
+        held = [await pool.get_connection() for _ in range(KEEP_FROM - 1)]
+        for connection in held:
+            await pool.release(connection)
     finally:
         await client.aclose()
 

@@ -8,15 +8,20 @@ hundreds of concurrent orders' calls cost a handful of round trips instead of on
 which on a small machine is mostly client CPU saved (redis-py spends about as much per
 round trip as per command).
 
-* **No delay when idle.** A call issued while no batch is in flight is sent at once, alone,
-  through the client's ``execute_command`` exactly as the adapters sent it before (the
-  client's retry policy included); while a batch is in flight, new calls wait for it and then
-  go together, up to ``max_batch``. The waiting is therefore bounded by one round trip.
+* **No delay when idle.** A call issued while no batch is in flight is sent at once, alone;
+  while a batch is in flight, new calls wait for it and then go together, up to
+  ``max_batch``. The waiting is therefore bounded by one round trip. A lone call is a batch
+  of one: written the same way, never sent twice (below), so the client's retry after a
+  connection error, which would run it again, does not apply to it.
+* **One connection of its own.** With one batch in flight at a time the batcher needs one
+  connection; it keeps one between round trips (where the pool has at least ``KEEP_FROM``),
+  looked at before each use as the pool looks at one it hands out, so the pool's checkout
+  and return are not paid per round trip.
 * **Per call.** Each caller gets its own reply, in the order the calls were issued. An error
   reply (a ``ResponseError``: a script's error, a wrong type) fails that caller only.
 * **One failure for the batch, never sent twice.** A failure of the connection (or any
   exception while sending or reading) fails every call of a pipeline with that same exception,
-  which the callers translate as they did for a lone call (``unavailable_on_failure`` ->
+  which the callers translate as any failure of a call (``unavailable_on_failure`` ->
   ``KeyValueStoreUnavailable``). A batch is never sent again: once written, its calls may
   have run even though the replies were lost, and an order's push run twice is a doubled
   order. (redis-py's ``Pipeline.execute`` retries after a connection error, with the
@@ -48,8 +53,9 @@ from typing import Any
 
 import attrs
 from redis import exceptions as rx
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, KeyT
 
@@ -59,7 +65,20 @@ MAX_BATCH = 128
 """Most calls in one pipeline by default (a batch's replies are read before any caller is
 answered, so a larger batch delays its first callers)."""
 
+KEEP_FROM = 4
+"""The smallest pool of which the batcher keeps a connection between round trips (at most one
+in four of a pool's connections, as a Postgres writer keeps; a smaller pool stays shared)."""
+
 Arg = EncodableT
+
+
+async def _ready(connection: AbstractConnection) -> bool:
+    """``connection`` can carry a batch: connected, nothing unread, the server has not closed
+    it (the check the pool makes before it hands a connection out)."""
+    try:
+        return connection.is_connected and not await connection.can_read()
+    except (rx.ConnectionError, rx.TimeoutError, OSError):
+        return False
 
 
 @attrs.define
@@ -94,6 +113,7 @@ class RedisBatcher:
         self._max_batch = max_batch
         self._pending: list[_Waiter] = []
         self._drainer: asyncio.Task[None] | None = None
+        self._kept: tuple[ConnectionPool, AbstractConnection] | None = None
 
     async def script(self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[Arg]) -> Any:
         """Run ``script`` (from the client's ``register_script``) on ``keys`` and ``args``
@@ -168,19 +188,11 @@ class RedisBatcher:
         return replies[len(loads) :]
 
     async def _send(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
-        """One reply per command (an error reply as its ``ResponseError``). A lone command
-        goes through the client; several are written on one pooled connection, then their
-        replies read, never retried (module doc); on any failure that connection is dropped,
-        as replies may be left unread on it."""
-        client = self._live_client()
-        assert isinstance(client, Redis)
-        if len(commands) == 1:
-            try:
-                return [await client.execute_command(*commands[0])]  # type: ignore[no-untyped-call]
-            except rx.ResponseError as e:
-                return [e]
-        pool = client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        """One reply per command (an error reply as its ``ResponseError``). The commands, one
+        or several, are written on one connection (``_connection``), then their replies read,
+        never retried (module doc); on any failure that connection is dropped, as replies may
+        be left unread on it."""
+        pool, connection = await self._connection()
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
             replies: list[Any] = []
@@ -189,13 +201,39 @@ class RedisBatcher:
                     replies.append(await connection.read_response())
                 except rx.ResponseError as e:
                     replies.append(e)
-            return replies
         except BaseException:
+            self._kept = None
             with contextlib.suppress(Exception):
                 await connection.disconnect()
-            raise
-        finally:
             await pool.release(connection)
+            raise
+        if self._kept is None:
+            await pool.release(connection)
+        return replies
+
+    async def _connection(self) -> tuple[ConnectionPool, AbstractConnection]:
+        """The pool and connection the next batch goes on. Where the pool allows at least
+        ``KEEP_FROM`` connections the batcher keeps one between its round trips (it has one
+        in flight at a time), sparing the pool's checkout and return, a third of a lone
+        call's client time; it is looked at before each use as the pool looks at one it
+        hands out, and one the server closed, or with unread data, is given back (the pool
+        replaces it) and another taken. Elsewhere each round trip checks one out and gives
+        it back."""
+        client = self._live_client()
+        assert isinstance(client, Redis)
+        pool = client.connection_pool
+        kept = self._kept
+        if kept is not None:
+            if kept[0] is pool and await _ready(kept[1]):
+                return kept
+            self._kept = None
+            with contextlib.suppress(Exception):
+                await kept[1].disconnect()
+            await kept[0].release(kept[1])
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        if pool.max_connections >= KEEP_FROM:
+            self._kept = (pool, connection)
+        return pool, connection
 
     def _live_client(self) -> Client:
         client = self._client()
