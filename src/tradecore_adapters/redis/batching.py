@@ -81,6 +81,15 @@ async def _ready(connection: AbstractConnection) -> bool:
         return False
 
 
+async def _give_back(pool: ConnectionPool, connection: AbstractConnection, *, broken: bool) -> None:
+    """Return ``connection`` to ``pool``; a ``broken`` one (a failed batch may have left
+    replies unread on it, or it failed its check) is closed first, so the pool reconnects."""
+    if broken:
+        with contextlib.suppress(Exception):
+            await connection.disconnect()
+    await pool.release(connection)
+
+
 @attrs.define
 class _Waiter:
     command: tuple[Arg, ...]
@@ -203,12 +212,10 @@ class RedisBatcher:
                     replies.append(e)
         except BaseException:
             self._kept = None
-            with contextlib.suppress(Exception):
-                await connection.disconnect()
-            await pool.release(connection)
+            await _give_back(pool, connection, broken=True)
             raise
         if self._kept is None:
-            await pool.release(connection)
+            await _give_back(pool, connection, broken=False)
         return replies
 
     async def _connection(self) -> tuple[ConnectionPool, AbstractConnection]:
@@ -227,9 +234,7 @@ class RedisBatcher:
             if kept[0] is pool and await _ready(kept[1]):
                 return kept
             self._kept = None
-            with contextlib.suppress(Exception):
-                await kept[1].disconnect()
-            await kept[0].release(kept[1])
+            await _give_back(*kept, broken=True)
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         if pool.max_connections >= KEEP_FROM:
             self._kept = (pool, connection)
