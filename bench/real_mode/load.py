@@ -1,7 +1,11 @@
 """Load and measurements for the real-mode benchmark (driven by ``run.py``).
 
 * ``open_loop``: webhook orders on a fixed schedule; latency counts from each request's
-  *scheduled* send time (no coordinated omission).
+  *scheduled* send time (no coordinated omission). Sent by the lean client
+  (``bench/lean_http.py``: raw HTTP/1.1 on keep-alive connections, as the issue's own
+  open-loop measurements were), or by aiohttp's client (``client="aiohttp"``, what this
+  benchmark used before 2026-11-27), which costs the machine several times more per request
+  and adds its own time to every answer.
 * ``closed_loop``: C client tasks, each sending its next order when the previous one is
   answered: the throughput at that concurrency.
 * ``closed_loop_wrk``: the same closed loop driven by wrk (``bench/wrk_runner.py``), a C
@@ -22,19 +26,24 @@ one request at a time, so positions and margin stay bounded. Anything but 200 wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import json
 import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from lean_http import LeanClient, ProtocolError
 from wrk_runner import closed_loop as wrk_closed_loop
 
 SYMBOL = "BTCUSDT"
@@ -89,17 +98,72 @@ async def send(client: aiohttp.ClientSession, account: Account) -> tuple[bool, s
         async with client.post(
             account.url, data=body, headers={"Content-Type": "application/json"}
         ) as response:
-            payload = await response.json(content_type=None)
+            payload = await response.read()
             status = response.status
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+    except (aiohttp.ClientError, TimeoutError) as e:
         return False, type(e).__name__
+    return judge(account, quantity, status, payload)
+
+
+def judge(account: Account, quantity: str, status: int, body: bytes) -> tuple[bool, str]:
+    """(filled?, what came back) for a webhook's answer: ok only when it is 200 with a JSON
+    object whose ``status`` is ``filled``; a fill advances the account's alternation."""
     if status != 200:
         return False, f"http {status}"
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return False, "not json"
     order_status = payload.get("status") if isinstance(payload, dict) else None
     if order_status != "filled":
         return False, f"status {order_status}"
     account.filled(quantity)
     return True, "filled"
+
+
+class LeanSender:
+    """Webhooks over ``LeanClient`` (``bench/lean_http.py``), each request's bytes built in
+    one piece; judged as ``send`` judges aiohttp's answers. Construct it inside the running
+    loop; ``close`` ends its connections."""
+
+    def __init__(self, accounts: Sequence[Account], connections: int) -> None:
+        url = urlsplit(accounts[0].url)
+        assert url.hostname is not None and url.port is not None
+        self._client = LeanClient(url.hostname, url.port, connections, TIMEOUT_S)
+        self._host = url.netloc.encode()
+        self._paths = {a.url: urlsplit(a.url).path.encode() for a in accounts}
+
+    async def send(self, account: Account) -> tuple[bool, str]:
+        body, quantity = account.next_body()
+        request = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s"
+            % (self._paths[account.url], self._host, len(body), body)
+        )
+        try:
+            response, _ = await self._client.exchange(request)
+        except (OSError, ProtocolError, TimeoutError) as e:
+            return False, type(e).__name__
+        return judge(account, quantity, response.status, response.body)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@contextlib.asynccontextmanager
+async def sender(
+    accounts: Sequence[Account], connections: int, client: str
+) -> AsyncIterator[Callable[[Account], Awaitable[tuple[bool, str]]]]:
+    """``send``'s counterpart for ``client`` ("lean" or "aiohttp"), open for the block."""
+    if client == "aiohttp":
+        async with session(connections) as http:
+            yield functools.partial(send, http)
+        return
+    lean = LeanSender(accounts, connections)
+    try:
+        yield lean.send
+    finally:
+        lean.close()
 
 
 # -- statistics ---------------------------------------------------------------------------
@@ -209,18 +273,19 @@ async def open_loop(
     warmup_s: float,
     duration_s: float,
     pids: dict[str, int],
+    client: str = "lean",
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     samples: list[Sample] = []
     lags: list[tuple[float, float]] = []
     cpu = CpuMeter(pids)
-    async with session(512) as client:
+    async with sender(accounts, 512, client) as send_one:
 
         async def fire(index: int, scheduled: float) -> None:
             account = accounts[index % len(accounts)]
             async with account.lock:
                 sent = loop.time()
-                ok, tag = await send(client, account)
+                ok, tag = await send_one(account)
             done = loop.time()
             samples.append((scheduled, done - scheduled, done - sent, ok, tag))
             lags.append((scheduled, sent - scheduled))
@@ -259,6 +324,7 @@ async def open_loop(
     measured = [s for s in samples if begin <= s[0] < end]
     result = summarize(measured, begin, end)
     result["target_rate_per_s"] = rate
+    result["client"] = client
     result["send_lag_ms"] = percentiles([lag for at, lag in lags if begin <= at < end])
     result.update(cpu.report())
     return result
