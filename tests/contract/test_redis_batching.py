@@ -200,6 +200,39 @@ async def test_a_lost_connection_fails_every_call_of_the_pipeline_and_sends_noth
         await client.aclose()
 
 
+async def test_replies_later_than_the_socket_timeout_fail_the_pipeline_and_its_connection(
+    redis_url: str,
+) -> None:
+    # The replies of a round trip are read under one deadline, the socket timeout: a reply
+    # that has not come by then fails every call of the pipeline, and the connection is
+    # dropped, so its late reply is never read as the answer to a later call.
+    client = connect(redis_url, socket_timeout_s=0.3, max_connections=KEEP_FROM)
+    try:
+        batcher = Recorded(client)
+        await batcher.command("DEL", "ran", "empty")
+        batcher.forget()
+
+        async def call(*command: Any) -> object:
+            with unavailable_on_failure("test call"):
+                return await batcher.command(*command)
+
+        outcomes = await asyncio.gather(
+            call("INCR", "ran"),
+            call("BLPOP", "empty", 2),  # the server answers after 2 s
+            call("INCR", "ran"),
+            return_exceptions=True,
+        )
+
+        assert batcher.sizes == [3]
+        assert all(isinstance(o, KeyValueStoreUnavailable) for o in outcomes), outcomes
+        assert all(isinstance(o.__cause__, rx.TimeoutError) for o in outcomes)  # type: ignore[union-attr]
+        # answered on a new connection (on the old one the BLPOP's reply comes first), and
+        # the call behind the BLPOP never ran
+        assert await batcher.command("GET", "ran") == "1"
+    finally:
+        await client.aclose()
+
+
 class ReplyCutter:
     """A TCP relay to the Redis server that, once ``cut_next_reply`` is set, closes the
     connection that the next reply would go back on instead of relaying it: the command ran,
