@@ -28,6 +28,7 @@ ARGUMENTS = [
     ("SET", "negative", -7),
     ("SET", "float", 0.1),
     ("SET", "view", memoryview(b"from a view")),
+    ("SET", "array", bytearray(b"from an array")),
     ("EVALSHA", "26b0725146f5deda41b4209904b5369f0016207d", 2, "k:{u}", "k2:{u}", "x" * 70_000),
     ("SCRIPT LOAD", "return 1"),
     ("CLIENT SETNAME", "worker"),
