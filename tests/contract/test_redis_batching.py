@@ -167,6 +167,24 @@ async def test_unknown_scripts_are_loaded_and_their_calls_sent_again_once(
     assert await redis_client.get("b") == "1"
 
 
+async def _one_pipeline(batcher: Recorded, *commands: tuple[Any, ...]) -> list[object]:
+    """The outcomes of ``commands`` issued together, which go as one pipeline, each failure
+    translated as the adapters translate it (``unavailable_on_failure``)."""
+
+    async def call(command: tuple[Any, ...]) -> object:
+        with unavailable_on_failure("test call"):
+            return await batcher.command(*command)
+
+    outcomes = await asyncio.gather(*(call(c) for c in commands), return_exceptions=True)
+    assert batcher.sizes == [len(commands)]
+    return outcomes
+
+
+def _assert_all_unavailable(outcomes: list[object], cause: type[BaseException]) -> None:
+    assert all(isinstance(o, KeyValueStoreUnavailable) for o in outcomes), outcomes
+    assert all(isinstance(o.__cause__, cause) for o in outcomes)  # type: ignore[attr-defined]
+
+
 async def test_a_lost_connection_fails_every_call_of_the_pipeline_and_sends_nothing_twice(
     redis_url: str,
 ) -> None:
@@ -177,22 +195,14 @@ async def test_a_lost_connection_fails_every_call_of_the_pipeline_and_sends_noth
         own_id = await batcher.command("CLIENT", "ID")
         batcher.forget()
 
-        async def call(*command: Any) -> object:
-            with unavailable_on_failure("test call"):
-                return await batcher.command(*command)
-
-        outcomes = await asyncio.gather(
-            call("INCR", "ran"),
-            call(
-                "CLIENT", "KILL", "ID", own_id, "SKIPME", "no"
-            ),  # the server closes the connection here
-            call("INCR", "never"),
-            return_exceptions=True,
+        outcomes = await _one_pipeline(
+            batcher,
+            ("INCR", "ran"),
+            ("CLIENT", "KILL", "ID", own_id, "SKIPME", "no"),  # the server closes the connection
+            ("INCR", "never"),
         )
 
-        assert batcher.sizes == [3]
-        assert all(isinstance(o, KeyValueStoreUnavailable) for o in outcomes), outcomes
-        assert all(isinstance(o.__cause__, rx.ConnectionError) for o in outcomes)  # type: ignore[union-attr]
+        _assert_all_unavailable(outcomes, rx.ConnectionError)
         # the first call ran once: the pipeline was not sent again after the failure
         assert await batcher.command("GET", "ran") == "1"
         assert await batcher.command("GET", "never") is None
@@ -212,20 +222,14 @@ async def test_replies_later_than_the_socket_timeout_fail_the_pipeline_and_its_c
         await batcher.command("DEL", "ran", "empty")
         batcher.forget()
 
-        async def call(*command: Any) -> object:
-            with unavailable_on_failure("test call"):
-                return await batcher.command(*command)
-
-        outcomes = await asyncio.gather(
-            call("INCR", "ran"),
-            call("BLPOP", "empty", 2),  # the server answers after 2 s
-            call("INCR", "ran"),
-            return_exceptions=True,
+        outcomes = await _one_pipeline(
+            batcher,
+            ("INCR", "ran"),
+            ("BLPOP", "empty", 2),  # the server answers after 2 s
+            ("INCR", "ran"),
         )
 
-        assert batcher.sizes == [3]
-        assert all(isinstance(o, KeyValueStoreUnavailable) for o in outcomes), outcomes
-        assert all(isinstance(o.__cause__, rx.TimeoutError) for o in outcomes)  # type: ignore[union-attr]
+        _assert_all_unavailable(outcomes, rx.TimeoutError)
         # answered on a new connection (on the old one the BLPOP's reply comes first), and
         # the call behind the BLPOP never ran
         assert await batcher.command("GET", "ran") == "1"
