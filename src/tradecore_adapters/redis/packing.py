@@ -11,8 +11,9 @@ four such calls in each of the API and the worker host.
 over every argument (a third of a batched call's client time): same bytes on the wire for
 every argument redis-py accepts (str as UTF-8, bytes, int, float, memoryview, bytearray; a
 first argument with spaces, such as ``"SCRIPT LOAD"``, split into words), ``DataError`` for
-an argument of another type, as before. It applies to a client whose encoding is UTF-8 with strict errors
-(redis-py's default, and every client here); without hiredis the class is returned as is.
+an argument of another type, as before. It applies to a client whose encoding is UTF-8 with
+strict errors (redis-py's default, and every client here); without hiredis the class is
+returned as is.
 """
 
 from __future__ import annotations
