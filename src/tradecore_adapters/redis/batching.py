@@ -94,6 +94,24 @@ async def _give_back(pool: ConnectionPool, connection: AbstractConnection, *, br
     await pool.release(connection)
 
 
+async def _replies(connection: AbstractConnection, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection`` (an error reply as its ``ResponseError``),
+    read under one deadline, the connection's socket timeout (module doc): redis-py's read
+    arms no timer of its own when given an infinite timeout. Raises redis-py's
+    ``TimeoutError`` when the deadline passes, as a timed-out read of its own does."""
+    replies: list[Any] = []
+    try:
+        async with asyncio.timeout(connection.socket_timeout):
+            for _ in range(count):
+                try:
+                    replies.append(await connection.read_response(timeout=math.inf))
+                except rx.ResponseError as e:
+                    replies.append(e)
+    except TimeoutError as e:
+        raise rx.TimeoutError("Timeout reading the replies of a pipeline") from e
+    return replies
+
+
 @attrs.define
 class _Waiter:
     command: tuple[Arg, ...]
@@ -208,18 +226,7 @@ class RedisBatcher:
         pool, connection = await self._connection()
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
-            replies: list[Any] = []
-            try:
-                # one deadline for the whole round trip (module doc); redis-py's read arms
-                # none of its own with an infinite timeout
-                async with asyncio.timeout(connection.socket_timeout):
-                    for _ in commands:
-                        try:
-                            replies.append(await connection.read_response(timeout=math.inf))
-                        except rx.ResponseError as e:
-                            replies.append(e)
-            except TimeoutError as e:
-                raise rx.TimeoutError("Timeout reading the replies of a pipeline") from e
+            replies = await _replies(connection, len(commands))
         except BaseException:
             self._kept = None
             await _give_back(pool, connection, broken=True)

@@ -18,15 +18,16 @@ returned as is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import DataError
+from redis.connection import HiredisRespSerializer
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
     import hiredis
 
+_SERIALIZER = HiredisRespSerializer()
 _PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
@@ -36,23 +37,19 @@ class _HiredisPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
         # What redis.connection.HiredisRespSerializer.pack does, without its pass over every
         # argument: hiredis packs str, bytes, int, float and memoryview itself, so only a
-        # call it refuses (a bytearray, or a value redis-py refuses too) is looked at again.
+        # call it refuses (a bytearray, or a value redis-py refuses too) goes through that
+        # serializer, which converts the first and raises DataError for the others.
         first = args[0]
         if isinstance(first, str):
-            args = (*first.encode().split(), *args[1:])
+            words = (*first.encode().split(), *args[1:])
         elif b" " in first:
-            args = (*first.split(), *args[1:])
+            words = (*first.split(), *args[1:])
+        else:
+            words = args
         try:
-            return [hiredis.pack_command(args)]
+            return [hiredis.pack_command(words)]
         except TypeError:
-            pass
-        copied: tuple[Any, ...] = tuple(
-            bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args
-        )
-        try:
-            return [hiredis.pack_command(copied)]
-        except TypeError as e:
-            raise DataError(e) from e
+            return cast(list[bytes], _SERIALIZER.pack(*args))
 
 
 def hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
