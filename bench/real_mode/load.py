@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import secrets
 import sys
 import time
@@ -43,7 +42,7 @@ import aiohttp
 from stack import cpu_seconds, machine_busy_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lean_http import LeanClient, ProtocolError
+from webhook_load import LeanHttpClient, judge_webhook
 from wrk_runner import closed_loop as wrk_closed_loop
 
 SYMBOL = "BTCUSDT"
@@ -53,6 +52,7 @@ TIMEOUT_S = 10.0
 class Account:
     def __init__(self, url: str, secret: str, user_id: str) -> None:
         self.url = url
+        self.path = urlsplit(url).path.encode()  # what webhook_load.LeanHttpClient writes
         self.secret = secret
         self.user_id = user_id
         self.sequence = 0
@@ -102,68 +102,29 @@ async def send(client: aiohttp.ClientSession, account: Account) -> tuple[bool, s
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as e:
         return False, type(e).__name__
-    return judge(account, quantity, status, payload)
-
-
-def judge(account: Account, quantity: str, status: int, body: bytes) -> tuple[bool, str]:
-    """(filled?, what came back) for a webhook's answer: ok only when it is 200 with a JSON
-    object whose ``status`` is ``filled``; a fill advances the account's alternation."""
-    if status != 200:
-        return False, f"http {status}"
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return False, "not json"
-    order_status = payload.get("status") if isinstance(payload, dict) else None
-    if order_status != "filled":
-        return False, f"status {order_status}"
-    account.filled(quantity)
-    return True, "filled"
-
-
-class LeanSender:
-    """Webhooks over ``LeanClient`` (``bench/lean_http.py``), each request's bytes built in
-    one piece; judged as ``send`` judges aiohttp's answers. Construct it inside the running
-    loop; ``close`` ends its connections."""
-
-    def __init__(self, accounts: Sequence[Account], connections: int) -> None:
-        url = urlsplit(accounts[0].url)
-        assert url.hostname is not None and url.port is not None
-        self._client = LeanClient(url.hostname, url.port, connections, TIMEOUT_S)
-        self._host = url.netloc.encode()
-        self._paths = {a.url: urlsplit(a.url).path.encode() for a in accounts}
-
-    async def send(self, account: Account) -> tuple[bool, str]:
-        body, quantity = account.next_body()
-        request = (
-            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s"
-            % (self._paths[account.url], self._host, len(body), body)
-        )
-        try:
-            response, _ = await self._client.exchange(request)
-        except (OSError, ProtocolError, TimeoutError) as e:
-            return False, type(e).__name__
-        return judge(account, quantity, response.status, response.body)
-
-    def close(self) -> None:
-        self._client.close()
+    return judge_webhook(account, quantity, status, payload)
 
 
 @contextlib.asynccontextmanager
 async def sender(
     accounts: Sequence[Account], connections: int, client: str
 ) -> AsyncIterator[Callable[[Account], Awaitable[tuple[bool, str]]]]:
-    """``send``'s counterpart for ``client`` ("lean" or "aiohttp"), open for the block."""
+    """``send``'s counterpart for ``client`` ("lean" or "aiohttp"), open for the block: the
+    lean one is ``webhook_load``'s client, judged as ``send`` judges aiohttp's answers."""
     if client == "aiohttp":
         async with session(connections) as http:
             yield functools.partial(send, http)
         return
-    lean = LeanSender(accounts, connections)
+    lean = LeanHttpClient(accounts[0].url.split("/webhook/", 1)[0], connections, TIMEOUT_S)
+
+    async def send_lean(account: Account) -> tuple[bool, str]:
+        ok, tag, _ = await lean.webhook(account)  # type: ignore[arg-type]  # duck-typed Account
+        return ok, tag
+
     try:
-        yield lean.send
+        yield send_lean
     finally:
-        lean.close()
+        await lean.close()
 
 
 # -- statistics ---------------------------------------------------------------------------
