@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from tradecore.accounts import TradingAccount
 from tradecore.ports.repositories import WebhookOwner, save_fields
 from tradecore_adapters.postgres.identity import USER_COLUMNS, user_from_row
+from tradecore_adapters.postgres.json_values import jsonb
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import (
     Row,
@@ -79,7 +78,7 @@ def _params(account: TradingAccount) -> dict[str, Any]:
         "deleted": account.deleted,
         "encrypted_credentials": account.encrypted_credentials,
         "testnet": account.testnet,
-        "symbol_map": Jsonb(dict(account.symbol_map)),
+        "symbol_map": jsonb(dict(account.symbol_map)),
     }
 
 

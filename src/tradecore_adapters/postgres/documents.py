@@ -15,8 +15,6 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from tradecore_adapters.postgres.group_commit import (
     Merge,
     Statement,
@@ -24,6 +22,7 @@ from tradecore_adapters.postgres.group_commit import (
     numbered_values,
     shared_batcher,
 )
+from tradecore_adapters.postgres.json_values import jsonb
 from tradecore_adapters.postgres.pool import Pool
 from tradecore_adapters.postgres.rows import fetch_one
 
@@ -92,7 +91,7 @@ class PostgresDocumentStore:
         names = sorted(documents)
         params: list[Any] = []
         for name in names:
-            params += [name, Jsonb(documents[name])]
+            params += [name, jsonb(documents[name])]
         key = ("documents", names[0])
         statement = Statement(_upsert_rows(len(names)), params, key, UPSERT_MERGE)
         await shared_batcher(self._pool).run(statement)
@@ -105,7 +104,7 @@ class PostgresDocumentStore:
                 self._pool,
                 "INSERT INTO documents (name, body, updated_at) VALUES (%s, %s, now())"
                 " ON CONFLICT (name) DO NOTHING RETURNING body",
-                (name, Jsonb(document)),
+                (name, jsonb(document)),
             )
             if inserted is not None:
                 return dict(inserted["body"])

@@ -55,7 +55,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from tradecore_adapters.postgres.documents import upsert_query
 from tradecore_adapters.postgres.group_commit import (
@@ -64,6 +63,7 @@ from tradecore_adapters.postgres.group_commit import (
     StatementResult,
     numbered_values,
 )
+from tradecore_adapters.postgres.json_values import jsonb
 
 ORDER_COLUMN_TYPES: Mapping[str, str] = {
     "id": "text",
@@ -224,7 +224,7 @@ def transition_with_documents_merge(fields: tuple[str, ...]) -> Merge:
             rows += _mapping(statement)["documents"].obj
         rows.sort(key=lambda row: str(row["name"]))
         update = head + numbered_values(types, len(statements)) + tail
-        return documents_after(update, f"${len(params) + 1}"), [*params, Jsonb(rows)]
+        return documents_after(update, f"${len(params) + 1}"), [*params, jsonb(rows)]
 
     return Merge(("order_history:transition+documents", fields), combine, _split_transitions)
 

@@ -40,7 +40,6 @@ from typing import Any
 
 import attrs
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from tradecore import order_lifecycle
 from tradecore.errors import DuplicateOrder
@@ -55,6 +54,7 @@ from tradecore.orders import (
     Source,
 )
 from tradecore_adapters.postgres.group_commit import Statement, StatementBatcher, shared_batcher
+from tradecore_adapters.postgres.json_values import jsonb
 from tradecore_adapters.postgres.order_writes import (
     ADD_MERGE,
     document_rows,
@@ -96,8 +96,8 @@ _ENCODERS: dict[str, Callable[[Any], Any]] = {
     "source": _text,
     "status": _text,
     "broker_refs": list,
-    "error": lambda e: Jsonb(error_to_json(e)),
-    "exit_order_result": lambda d: Jsonb(dict(d)),
+    "error": lambda e: jsonb(error_to_json(e)),
+    "exit_order_result": lambda d: jsonb(dict(d)),
 }
 
 
@@ -289,7 +289,7 @@ class PostgresOrderHistory:
         else:  # the transition and the documents' upsert in ONE statement (order_writes)
             always = kept is PlacementKept.ALWAYS
             rows = document_rows(waiting.documents(), order_id, always=always)
-            params["documents"] = Jsonb(rows)
+            params["documents"] = jsonb(rows)
             statement = Statement(
                 _transition_with_documents_query(written),
                 params,
