@@ -268,6 +268,34 @@ async def test_users_whose_host_died_are_found_orphaned(kv: KvHarness) -> None:
     assert len(await kv.directory.orphaned_users(limit=1)) == 1
 
 
+async def test_a_hosts_record_lapses_once_unless_renewed_or_removed(kv: KvHarness) -> None:
+    await kv.directory.host_alive("h-dead", SHORT_TTL_S)
+    await kv.directory.host_alive("h-renewed", SHORT_TTL_S)
+    await kv.directory.host_alive("h-renewed", 30)
+    await kv.directory.host_alive("h-stopped", SHORT_TTL_S)
+    await kv.directory.host_gone("h-stopped")
+    await kv.directory.host_gone("h-stopped")  # idempotent
+    await kv.directory.host_gone("h-never-seen")
+    assert await kv.directory.lapsed_hosts() == []  # nothing ran out yet
+
+    await kv.pass_time(4 * SHORT_TTL_S)
+
+    assert await kv.directory.lapsed_hosts() == ["h-dead"]
+    assert await kv.directory.lapsed_hosts() == []  # returned once, then forgotten
+    await kv.directory.host_alive("h-dead", 30)  # a host that comes back records itself again
+    assert await kv.directory.lapsed_hosts() == []
+
+
+async def test_concurrent_looks_give_a_lapsed_host_to_one_caller(kv: KvHarness) -> None:
+    for holder in ("h1", "h2", "h3"):
+        await kv.directory.host_alive(holder, SHORT_TTL_S)
+    await kv.pass_time(4 * SHORT_TTL_S)
+
+    looks = await asyncio.gather(*(kv.directory.lapsed_hosts() for _ in range(8)))
+
+    assert sorted(h for look in looks for h in look) == ["h1", "h2", "h3"]
+
+
 async def test_a_reply_that_came_before_the_wait_is_returned_once(kv: KvHarness) -> None:
     await hold(kv, "u1")
     await kv.queue.push(order_request("r1"))

@@ -105,6 +105,14 @@ class FailingDirectory(MemoryWorkerDirectory):
         self.control.check()
         return await super().orphaned_users(limit)
 
+    async def host_alive(self, holder: str, ttl_s: float) -> None:
+        self.control.check()
+        await super().host_alive(holder, ttl_s)
+
+    async def lapsed_hosts(self) -> list[str]:
+        self.control.check()
+        return await super().lapsed_hosts()
+
 
 class FailingQueue(MemoryOrderQueue):
     """Requests whose takes and in-flight listings can fail; ``lost_take_answers`` takes move

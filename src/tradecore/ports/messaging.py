@@ -144,7 +144,26 @@ class WorkerDirectory(Protocol):
     async def orphaned_users(self, limit: int = 100) -> list[str]:
         """(Worker host) users with requests waiting or in flight whose lease is absent:
         their host died, or their lease lapsed between requests. At most ``limit``; a host
-        that finds one starts a worker for it, which recovers the requests."""
+        that finds one starts a worker for it, which recovers the requests. Its cost grows
+        with everything the store holds (a scan), so hosts call it when a host died
+        (``lapsed_hosts``), when they start, and rarely otherwise."""
+        ...
+
+    async def host_alive(self, holder: str, ttl_s: float) -> None:
+        """(Worker host) record that the host ``holder`` lives for ``ttl_s`` more seconds
+        (its heartbeat, renewed before it runs out). Time is the store's, so hosts whose
+        clocks differ agree on when a record lapsed."""
+        ...
+
+    async def lapsed_hosts(self) -> list[str]:
+        """(Worker host) the hosts whose record ran out without ``host_gone``: they died or
+        lost the store. Each is returned once, to one caller, and its record removed, so one
+        host looks for the orphans it left. A host that comes back records itself again."""
+        ...
+
+    async def host_gone(self, holder: str) -> None:
+        """(Worker host) remove the record of ``holder``: it stops and releases its leases
+        itself. Idempotent."""
         ...
 
     async def leases(self, limit: int = 1000) -> list[WorkerLease]:

@@ -2,9 +2,9 @@
 loop).
 
 Each operation runs without an ``await`` between its read and its write, so it is atomic
-with respect to every other coroutine, as the Redis commands and scripts are. Leases expire
-by the injected Clock; ``wait_active`` and ``next_start_request`` wait in real time, up to
-their timeout, and return as soon as what they wait for arrives.
+with respect to every other coroutine, as the Redis commands and scripts are. Leases and the
+hosts' records expire by the injected Clock; ``wait_active`` and ``next_start_request`` wait
+in real time, up to their timeout, and return as soon as what they wait for arrives.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class MemoryWorkerDirectory:
         self._marks_bell = Doorbell()
         self._starts_bell = Doorbell()
         self._queue: RequestLists | None = None
+        self._hosts: dict[str, datetime] = {}  # holder -> when its record runs out
 
     def attach_queue(self, queue: RequestLists) -> None:
         self._queue = queue
@@ -90,6 +91,19 @@ class MemoryWorkerDirectory:
         if queue is None:
             return []
         return [u for u in queue.users_with_requests() if not self.is_marked(u)][:limit]
+
+    async def host_alive(self, holder: str, ttl_s: float) -> None:
+        self._hosts[holder] = self._expiry(ttl_s)
+
+    async def lapsed_hosts(self) -> list[str]:
+        now = self._clock.now()
+        lapsed = sorted(h for h, expires_at in self._hosts.items() if expires_at <= now)
+        for holder in lapsed:
+            del self._hosts[holder]
+        return lapsed
+
+    async def host_gone(self, holder: str) -> None:
+        self._hosts.pop(holder, None)
 
     async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
         lease = self._lease(user_id)

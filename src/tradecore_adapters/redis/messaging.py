@@ -16,6 +16,9 @@ one Redis Cluster slot; the braces are part of the names on a single server too:
 * ``trading:replies:{process}`` - a waiting process's reply channel: ``complete`` publishes
   ``"{request_id} {reply}"`` there (the request's ``reply_to``) in the same script that
   writes the reply, so the waiter needs no read of the reply list (``replies``);
+* ``worker:hosts`` - the worker hosts' records (``RedisWorkerDirectory.host_alive``): a sorted
+  set of holder names scored by when each record runs out; one key, so on a cluster it lives
+  in one slot and its scripts touch that slot only;
 * ``worker-control.fifo:{sNN}`` - shard NN of the start-request list (a user's requests go to
   shard ``crc32(user_id) % shards``), and ``worker-control.fifo:{sNN}:pending`` the set that
   deduplicates it while a user's request is pending.
@@ -78,6 +81,7 @@ _ACTIVE_POLL_CAP_S = 0.02
 
 
 MARK_PREFIX = "worker:active:"
+HOSTS_KEY = "worker:hosts"
 USER_PREFIX = "trading:user:"
 _USER_LISTS = ("}:requests", "}:processing")
 
@@ -261,6 +265,25 @@ local user = redis.call('LPOP', KEYS[1])
 if not user then return false end
 if not redis.call('LPOS', KEYS[1], user) then redis.call('SREM', KEYS[2], user) end
 return user
+"""
+
+# The hosts' records (``host_alive``): one sorted set, member the holder, score the time (ms,
+# the server's clock) its record runs out. KEYS: the set. ARGV: holder, ttl in ms.
+_HOST_ALIVE = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+# KEYS: the set. The records that ran out, removed in the same step (so each lapsed host is
+# returned to one caller).
+_LAPSED_HOSTS = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms)
+if #lapsed > 0 then redis.call('ZREM', KEYS[1], unpack(lapsed)) end
+return lapsed
 """
 
 
@@ -521,8 +544,9 @@ class RedisWorkerDirectory:
     served (so no shard starves), and waits for a wake-up between looks (``Wakeups``: one
     connection for the process, whatever the waiters); ``wait_active`` polls the mark with
     a short backoff (1 ms doubling to 20 ms), so a cold start is seen within milliseconds.
-    Times to live are the server's (PX, whole milliseconds, at least 1). Raises
-    KeyValueStoreUnavailable.
+    The hosts' records (``host_alive``, ``lapsed_hosts``) are one script each on the one key
+    ``worker:hosts``, timed by the server's clock (``TIME``). Times to live are the server's
+    (PX, whole milliseconds, at least 1). Raises KeyValueStoreUnavailable.
     """
 
     def __init__(self, connections: RedisConnections) -> None:
@@ -539,6 +563,8 @@ class RedisWorkerDirectory:
         self._retire = self._client.register_script(_RETIRE)
         self._request_start = self._client.register_script(_REQUEST_START)
         self._take_start = self._client.register_script(_TAKE_START)
+        self._host_alive = self._client.register_script(_HOST_ALIVE)
+        self._lapsed_hosts = self._client.register_script(_LAPSED_HOSTS)
 
     async def aclose(self) -> None:
         """Stop listening for start requests (the clients stay open: their owner closes
@@ -566,6 +592,19 @@ class RedisWorkerDirectory:
                 if len(found) >= limit:
                     break
         return found
+
+    async def host_alive(self, holder: str, ttl_s: float) -> None:
+        with unavailable_on_failure("host record"):
+            await self._host_alive(keys=[HOSTS_KEY], args=[holder, _ms(ttl_s)])
+
+    async def lapsed_hosts(self) -> list[str]:
+        with unavailable_on_failure("lapsed hosts"):
+            lapsed = await self._lapsed_hosts(keys=[HOSTS_KEY])
+        return [text(holder) for holder in lapsed]
+
+    async def host_gone(self, holder: str) -> None:
+        with unavailable_on_failure("host record"):
+            await self._client.zrem(HOSTS_KEY, holder)
 
     async def request_start(self, user_id: str) -> None:
         shard = shard_of(user_id, self._shards)

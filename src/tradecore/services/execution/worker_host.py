@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_TIMEOUT_S = 12 * 3600.0
 DEFAULT_MARK_TTL_S = 30.0
 DEFAULT_RECOVERY_GRACE_S = 30.0
+DEFAULT_FULL_SWEEP_S = 60.0
 
 
 @attrs.frozen
@@ -64,9 +65,14 @@ class HostSettings:
     """``mark_ttl_s``: lifetime of the lease (the active mark); the host's heartbeat renews
     it every sixth of it, the worker itself when a third has passed. ``poll_s``: how long one
     blocking take waits before the worker looks at the clock (its idle time, its lease) and
-    the longest wait of the control loop. ``sweep_s``: how often the host looks for orphaned
-    users (requests waiting with no lease: their host died) and starts them, so no request
-    waits for the user's next order; the recovery of lost intents runs as often.
+    the longest wait of the control loop. ``sweep_s``: how often the host asks which hosts
+    died (``WorkerDirectory.lapsed_hosts``); after one did, the host looks for orphaned users
+    (requests waiting with no lease) every ``sweep_s`` until the dead host's leases have run
+    out, and starts them, so no request waits for the user's next order; the recovery of lost
+    intents runs as often. ``full_sweep_s``: how often the host looks for orphaned users when
+    no host died (and once when it starts), for orphans no dead host explains (a lease lost
+    with the store's data). The look is a scan of the whole store, so it is not run every
+    ``sweep_s`` by every host.
     ``recovery_grace_s``: how long an order intent must have been ``queued`` before the
     recovery may hand it over again (its API died between commit and push). A live API pushes
     within min(``worker_start_timeout_s``, half its response wait) of its commit, so the
@@ -79,6 +85,7 @@ class HostSettings:
     poll_s: float = 1.0
     sweep_s: float = 5.0
     recovery_grace_s: float = DEFAULT_RECOVERY_GRACE_S
+    full_sweep_s: float = DEFAULT_FULL_SWEEP_S
 
     @property
     def heartbeat_age(self) -> timedelta:
@@ -133,6 +140,12 @@ class WorkerHost:
         self._stopping = False
         self._confirming: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        # The orphan sweep's schedule (``_sweep_when_due``): when the last one ran, until
+        # when a dead host's leases may still run out, and when this host last recorded
+        # itself alive.
+        self._swept_at: datetime | None = None
+        self._sweep_until: datetime | None = None
+        self._alive_at: datetime | None = None
         self._gate = OutageGate[WorkerSlot](
             lease_gone=self._leases.gone, clock=clock, sleeper=sleeper, log=log
         )
@@ -168,6 +181,11 @@ class WorkerHost:
         for slot in list(self._slots.values()):
             await self._close_worker(slot)
         await asyncio.gather(*self._closing)
+        try:
+            await self._directory.host_gone(self._holder)
+        except Exception as e:  # its record runs out; another host then sweeps once
+            log.warning("the host's record could not be removed (%s)", e)
+        self._alive_at = None
 
     def activate(self, user_id: str) -> None:
         """Make sure the user is served: by this host, unless another holder has the lease
@@ -236,16 +254,16 @@ class WorkerHost:
         logged once: a warning when it begins, a debug line per retry, an info line after."""
         settings = self._settings
         wait_s = min(settings.poll_s, settings.sweep_s, settings.heartbeat_age.total_seconds())
-        last_sweep: datetime | None = None
+        last_look: datetime | None = None
         retries = 0
         delay = OUTAGE_BACKOFF_S
         while True:
             raise_if_cancelled()
             try:
-                if last_sweep is None or self._seconds_since(last_sweep) >= settings.sweep_s:
-                    last_sweep = self._clock.now()
+                if last_look is None or self._seconds_since(last_look) >= settings.sweep_s:
+                    last_look = self._clock.now()
                     self._begin_recovery()
-                    await self.sweep()
+                    await self.sweep_when_due()
                 await self.heartbeat()
                 # before the turn's long wait: a cancellation the sweep or the heartbeat
                 # absorbed (cancellation.py) ends the loop now, not after that wait
@@ -269,6 +287,34 @@ class WorkerHost:
                 retries, delay = 0, OUTAGE_BACKOFF_S
             if user_id is not None:
                 self.activate(user_id)
+
+    async def sweep_when_due(self) -> list[str] | None:
+        """Sweep (``sweep``) when this host has not swept yet, when a host died (its record
+        lapsed: ``WorkerDirectory.lapsed_hosts``) until that host's leases have run out, or
+        when ``full_sweep_s`` passed since the last sweep; the users started, or None when
+        no sweep was due. The control loop calls it every ``sweep_s``.
+
+        A dead host's leases outlive its record by little: each lease was renewed at most
+        about ``heartbeat_age`` after the host last wrote its record, and both live
+        ``mark_ttl_s``. Sweeping every ``sweep_s`` from the record's lapse until one time to
+        live and one more period later therefore sweeps after every lease of the host has
+        run out, and finds each user it left."""
+        settings = self._settings
+        lapsed = await self._directory.lapsed_hosts()
+        now = self._clock.now()
+        if lapsed:
+            log.warning("worker hosts %s stopped; looking for the users they served", lapsed)
+            self._sweep_until = now + timedelta(seconds=settings.mark_ttl_s + settings.sweep_s)
+        due = (
+            self._swept_at is None
+            or (self._sweep_until is not None and now <= self._sweep_until)
+            or self._seconds_since(self._swept_at) >= settings.full_sweep_s
+        )
+        if not due:
+            return None
+        started = await self.sweep()
+        self._swept_at = now
+        return started
 
     async def sweep(self) -> list[str]:
         """Start the users whose requests wait with no lease (a dead host's); their new
@@ -311,9 +357,17 @@ class WorkerHost:
             self._recovery_failing = False
 
     async def heartbeat(self) -> set[str]:
-        """The leases' heartbeat (``HostLeases.heartbeat``), which the control loop runs:
-        renews every due lease of this host in one batch; returns the users whose lease was
-        lost (their workers take nothing more)."""
+        """The host's heartbeat, which the control loop runs: records the host alive for a
+        lease time to live when ``heartbeat_age`` passed since it last did
+        (``WorkerDirectory.host_alive``), then renews every due lease of this host in one
+        batch (``HostLeases.heartbeat``); returns the users whose lease was lost (their
+        workers take nothing more)."""
+        if (
+            self._alive_at is None
+            or self._clock.now() - self._alive_at >= self._settings.heartbeat_age
+        ):
+            await self._directory.host_alive(self._holder, self._settings.mark_ttl_s)
+            self._alive_at = self._clock.now()
         return await self._leases.heartbeat()
 
     async def _serve(self, user_id: str, slot: WorkerSlot) -> None:
