@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from support import NO_ACCOUNTS
+from support import worker_over
 
 from tradecore.services.execution.worker import UserWorker
 from tradecore.services.execution.worker_host import HostSettings, WorkerHost
@@ -17,7 +17,6 @@ from tradecore.testing import orders as testing_orders
 from tradecore.testing.clock import FakeClock, FakeSleeper
 from tradecore_adapters.brokers.paper import PaperExchange
 from tradecore_adapters.brokers.registry import PaperBrokerFactory
-from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.repositories import MemoryOrderHistory
 from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
@@ -53,19 +52,21 @@ class World:
         self.directory.attach_queue(self.queue)
         orders, exchange = MemoryOrderHistory(), PaperExchange()
         brokers = PaperBrokerFactory(exchange, PaperExchange(), self.clock)
-        tasks = MemoryFillTaskQueue(self.clock)
-        sleeper = FakeSleeper(self.clock)
 
         def make_worker(user_id: str) -> UserWorker:
-            return UserWorker(
-                user_id, orders, brokers, tasks, self.clock, sleeper, accounts=NO_ACCOUNTS
-            )
+            return worker_over(user_id, orders, brokers, self.clock)
 
         settings = HostSettings(
             poll_s=60.0, mark_ttl_s=TTL_S, sweep_s=SWEEP_S, full_sweep_s=FULL_SWEEP_S
         )
         self.host = WorkerHost(
-            self.directory, self.queue, make_worker, self.clock, sleeper, settings, holder=HOST
+            self.directory,
+            self.queue,
+            make_worker,
+            self.clock,
+            FakeSleeper(self.clock),
+            settings,
+            holder=HOST,
         )
 
         self.started = self.clock.now()
