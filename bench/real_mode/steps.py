@@ -35,7 +35,10 @@ flush, worker host and back). Usage::
 ``--hops`` splits the answer further, hop by hop: the processes start with
 ``bench/real_mode/hops`` first on their ``PYTHONPATH``, whose ``sitecustomize`` wraps the
 methods an order goes through so each writes a timestamp (``HOPS`` below names them); the
-product's code is unchanged, and the writes cost a little time of their own.
+product's code is unchanged, and the writes cost a little time of their own. With
+``--slowest N`` it also lists the N slowest orders, each with when it was sent and the hops
+that took 2 ms or more: slow orders sent together, with every hop slow, are a stall of the
+whole machine (a burst, a collection); one hop slow across the run is that step's tail.
 """
 
 from __future__ import annotations
@@ -278,6 +281,37 @@ def print_hops(marks: dict[str, dict[str, float]], ids: list[str]) -> None:
         print_spread("hop", name, values)
 
 
+SLOW_HOP_MS = 2.0
+"""A hop of one of the slowest orders is listed when it took at least this long."""
+
+
+def print_slowest(marks: dict[str, dict[str, float]], count: int) -> None:
+    """One line of JSON for each of the ``count`` slowest orders (send to answer): when it
+    was sent (seconds after the first order), its answer time and every hop that took
+    ``SLOW_HOP_MS`` or more, so a tail can be told apart from a periodic stall (the sends of
+    the slow orders) and placed in a step."""
+    whole = [m for m in marks.values() if "sent" in m and "answered" in m]
+    if not whole or count <= 0:
+        return
+    first = min(m["sent"] for m in whole)
+    slowest = sorted(whole, key=lambda m: m["answered"] - m["sent"], reverse=True)[:count]
+    for m in slowest:
+        hops = {
+            name: round((m[end] - m[start]) * 1000, 2)
+            for name, start, end in HOPS[:-2]  # not the two spans that cover the others
+            if start in m and end in m and (m[end] - m[start]) * 1000 >= SLOW_HOP_MS
+        }
+        print(
+            json.dumps(
+                {
+                    "slow_order_sent_s": round(m["sent"] - first, 3),
+                    "answer_ms": round((m["answered"] - m["sent"]) * 1000, 2),
+                    "slow_hops_ms": hops,
+                }
+            )
+        )
+
+
 def print_spread(kind: str, name: str, values: list[float]) -> None:
     """One line of JSON: ``name`` under ``kind``, and the median, p90 and p99 of the sorted
     ``values`` (ms)."""
@@ -300,6 +334,12 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="orders per second")
     parser.add_argument("--hops", action="store_true", help="timestamps around each step")
+    parser.add_argument(
+        "--slowest",
+        type=int,
+        default=0,
+        help="with --hops: the slowest orders, each with its send time and its slow hops",
+    )
     args = parser.parse_args()
     hops_dir = None
     if args.hops:  # before the stack copies the environment for its processes
@@ -337,6 +377,7 @@ def main() -> None:
             own = marks.setdefault(str(timing["id"]), {})
             own.update(sent=timing["sent"], answered=timing["answered"])
         print_hops(marks, [str(t["id"]) for t in timings])
+        print_slowest(marks, args.slowest)
         shutil.rmtree(hops_dir, ignore_errors=True)
 
 
