@@ -328,9 +328,7 @@ async def test_0010_partitions_the_rows_of_0009_and_keeps_every_guarantee(
     finally:
         await pool.close()
 
-    applied = await migrate(fresh_pg_database)
-    assert applied == [n for n, _ in migration_files() if n >= "0010"]
-    assert applied[0] == "0010_monthly_partitions.sql"
+    assert await migrate(fresh_pg_database) == ["0010_monthly_partitions.sql"]
 
     async with await psycopg.AsyncConnection.connect(fresh_pg_database, autocommit=True) as conn:
         cursor = await conn.execute(

@@ -175,15 +175,18 @@ _GET = (
 )
 
 
-_GET_MANY = "SELECT * FROM order_history_rows(%(order_ids)s::text[])"
-"""Several orders by id in one statement (migration 0011's function): each id's
-``created_at`` is read from ``order_keys`` (its primary key), then its row from
-``order_history`` by the partition's primary key (id, created_at), for each key in turn (a
-nested loop: the LATERAL subquery, kept apart from the join by its LIMIT, is probed once per
-key whatever the planner estimates), so run-time pruning opens only that key's month's
-partition. A join left to the planner turns, for a long list, into a hash join over every
-partition read in full. The function keeps the statement's plan for the connection instead of
-planning it over every partition on each call."""
+_GET_MANY = (
+    "SELECT history.* FROM order_keys AS key"
+    " CROSS JOIN LATERAL (SELECT * FROM order_history"
+    " WHERE id = key.id AND created_at = key.created_at LIMIT 1) AS history"
+    " WHERE key.id = ANY(%(order_ids)s::text[])"
+)
+"""Several orders by id in one statement: each id's ``created_at`` is read from
+``order_keys`` (its primary key), then its row from ``order_history`` by the partition's
+primary key (id, created_at), for each key in turn (a nested loop: the LATERAL subquery, kept
+apart from the join by its LIMIT, is probed once per key whatever the planner estimates), so
+run-time pruning opens only that key's month's partition. A join left to the planner turns,
+for a long list, into a hash join over every partition read in full."""
 
 
 @functools.lru_cache(maxsize=256)
