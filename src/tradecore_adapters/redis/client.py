@@ -285,6 +285,11 @@ def text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def px_ms(seconds: float) -> int:
+    """A PX time to live: whole milliseconds, at least 1 (Redis refuses 0)."""
+    return max(1, round(seconds * 1000))
+
+
 _LISTEN_SLICE_S = 1.0
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_CAP_S = 2.0

@@ -48,7 +48,7 @@ from redis.crc import key_slot
 from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import QueueDepth, WorkerLease
 from tradecore_adapters.redis.batching import shared_batcher
-from tradecore_adapters.redis.client import Client, RedisConnections, Wakeups, text
+from tradecore_adapters.redis.client import Client, RedisConnections, Wakeups, px_ms, text
 from tradecore_adapters.redis.codec import (
     decode_request,
     decode_result,
@@ -463,7 +463,7 @@ class RedisOrderQueue:
                     ],
                     [
                         encode_result(result),
-                        _ms(REPLY_TTL_S),
+                        px_ms(REPLY_TTL_S),
                         encode_request(request),
                         request.request_id,
                     ],
@@ -595,7 +595,7 @@ class RedisWorkerDirectory:
 
     async def host_alive(self, holder: str, ttl_s: float) -> None:
         with unavailable_on_failure("host record"):
-            await self._host_alive(keys=[HOSTS_KEY], args=[holder, _ms(ttl_s)])
+            await self._host_alive(keys=[HOSTS_KEY], args=[holder, px_ms(ttl_s)])
 
     async def lapsed_hosts(self) -> list[str]:
         with unavailable_on_failure("lapsed hosts"):
@@ -654,13 +654,13 @@ class RedisWorkerDirectory:
     async def acquire(self, user_id: str, holder: str, ttl_s: float) -> int | None:
         with unavailable_on_failure("acquire lease"):
             token = await self._acquire(
-                keys=[mark_key(user_id), fence_key(user_id)], args=[holder, _ms(ttl_s)]
+                keys=[mark_key(user_id), fence_key(user_id)], args=[holder, px_ms(ttl_s)]
             )
         return None if token is None else int(token)
 
     async def renew(self, user_id: str, token: int, ttl_s: float) -> bool:
         with unavailable_on_failure("renew lease"):
-            renewed = await self._renew(keys=[mark_key(user_id)], args=[token, _ms(ttl_s)])
+            renewed = await self._renew(keys=[mark_key(user_id)], args=[token, px_ms(ttl_s)])
         return bool(int(renewed))
 
     async def renew_many(self, leases: Mapping[str, int], ttl_s: float) -> set[str]:
@@ -672,7 +672,7 @@ class RedisWorkerDirectory:
             async with limit:
                 renewed = await self._renew_many(
                     keys=[mark_key(u) for u in batch],
-                    args=[_ms(ttl_s), *(leases[u] for u in batch)],
+                    args=[px_ms(ttl_s), *(leases[u] for u in batch)],
                 )
             lost.update(u for u, ok in zip(batch, renewed, strict=True) if not int(ok))
 
@@ -723,8 +723,3 @@ class RedisWorkerDirectory:
                 keys=[mark_key(user_id), requests_key(user_id)], args=[token]
             )
         return bool(int(retired))
-
-
-def _ms(seconds: float) -> int:
-    """A PX time to live: whole milliseconds, at least 1 (Redis refuses 0)."""
-    return max(1, round(seconds * 1000))
