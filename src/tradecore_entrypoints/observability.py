@@ -28,7 +28,9 @@ from tradecore_adapters.metrics import (
     RecordingOrderHistory,
     StateGauges,
 )
+from tradecore_adapters.redis.snapshots import RedisSnapshot
 from tradecore_entrypoints.adapter_sets import AdapterSet
+from tradecore_entrypoints.connections import Connections
 from tradecore_entrypoints.container import Application, adapter_set_for
 from tradecore_entrypoints.settings import ConfigError, Settings
 from tradecore_entrypoints.system import System
@@ -67,12 +69,24 @@ def instrument(container: Application) -> ProcessMetrics:
     return metrics
 
 
+QUEUE_COUNTS_KEY = "metrics:queue-counts"
+"""The Redis key where the processes share their last read of the queue gauges."""
+
+
 def state_gauges(system: System, *, worker_host: bool) -> StateGauges:
     """The scrape-time gauges of ``system``'s queues; with ``worker_host``, also the
-    workers and leases of its host."""
+    workers and leases of its host. On Redis the processes share their reads
+    (``StateGauges``'s ``shared``): a read scans every key, and every process would
+    otherwise scan for the same counts."""
     host = system.host
     counted = (host.holder, lambda: len(host.active_users)) if worker_host else None
-    return StateGauges(system.queue, system.directory, system.fill_tasks, counted)
+    stores = system.stores
+    shared = (
+        RedisSnapshot(stores.redis.commands, QUEUE_COUNTS_KEY)
+        if isinstance(stores, Connections)
+        else None
+    )
+    return StateGauges(system.queue, system.directory, system.fill_tasks, counted, shared=shared)
 
 
 async def worker_readiness(system: System) -> Mapping[str, bool]:

@@ -17,6 +17,7 @@ import redis
 from psycopg import sql
 from smtp_support import free_port
 
+from tradecore.errors import KeyValueStoreUnavailable
 from tradecore.ports.messaging import FillTask, FillTaskQueue, OrderQueue, WorkerDirectory
 from tradecore.testing.clock import FakeClock
 from tradecore.testing.orders import order_request
@@ -24,6 +25,7 @@ from tradecore_adapters.memory.fifo import MemoryFillTaskQueue
 from tradecore_adapters.memory.order_queue import MemoryOrderQueue
 from tradecore_adapters.memory.worker_directory import MemoryWorkerDirectory
 from tradecore_adapters.metrics import StateGauges
+from tradecore_adapters.metrics.gauges import SHARED_TTL_S
 from tradecore_adapters.postgres import migrate
 from tradecore_adapters.redis import (
     RedisFillTaskQueue,
@@ -31,9 +33,10 @@ from tradecore_adapters.redis import (
     RedisWorkerDirectory,
     open_connections,
 )
+from tradecore_adapters.redis.snapshots import RedisSnapshot
 from tradecore_entrypoints.cli import run_worker, serve_forever
 from tradecore_entrypoints.container import build_container
-from tradecore_entrypoints.observability import instrument, metrics_endpoint
+from tradecore_entrypoints.observability import QUEUE_COUNTS_KEY, instrument, metrics_endpoint
 from tradecore_entrypoints.settings import ConfigError, Settings
 
 EXPOSITION = "text/plain; version=0.0.4"
@@ -254,6 +257,70 @@ async def test_the_gauges_count_the_queues(ports: Ports) -> None:
         "tradecore_worker_host_workers": 1,
         "tradecore_worker_host_leases": 1,
     }
+
+
+class Unreadable:
+    """Queue, directory and order-tasks reads that fail as an unreachable store does: a
+    process whose gauges report counts with these read them from the shared snapshot."""
+
+    async def depths(self, limit: int = 1000) -> Any:
+        raise KeyValueStoreUnavailable("unreadable")
+
+    leases = depths
+
+    async def pending_count(self) -> int:
+        raise KeyValueStoreUnavailable("unreadable")
+
+    async def dead_letters(self) -> Any:
+        raise KeyValueStoreUnavailable("unreadable")
+
+
+@pytest.mark.redis
+async def test_processes_report_one_shared_read_of_the_counts_until_it_lapses(
+    redis_db: str,
+) -> None:
+    connections = open_connections(redis_db)
+    queue, directory = RedisOrderQueue(connections), RedisWorkerDirectory(connections)
+    fill_tasks = RedisFillTaskQueue(connections.commands)
+    shared = RedisSnapshot(connections.commands, QUEUE_COUNTS_KEY)
+    unreadable: Any = Unreadable()
+    try:
+        assert await directory.acquire("u1", "host-a", 30.0) is not None
+        assert await directory.acquire("u2", "host-b", 30.0) is not None
+        assert await directory.acquire("u3", "host-b", 30.0) is not None
+        assert await queue.push(order_request("r1", "u1"))
+        reader = StateGauges(queue, directory, fill_tasks, ("host-a", lambda: 1), shared=shared)
+        other = StateGauges(
+            unreadable, unreadable, unreadable, ("host-b", lambda: 2), shared=shared
+        )
+
+        await reader.refresh()
+        await other.refresh()  # within the shared read's lifetime: no scan of its own
+
+        assert values(other) == {
+            "tradecore_queue_gauges_up": 1,
+            "tradecore_order_requests_waiting": 1,
+            "tradecore_order_requests_in_flight": 0,
+            "tradecore_users_waiting_without_worker": 0,
+            "tradecore_worker_leases": 3,
+            "tradecore_fill_tasks_pending": 0,
+            "tradecore_fill_dead_letters": 0,
+            "tradecore_worker_host_workers": 2,
+            "tradecore_worker_host_leases": 2,  # host-b's own, from the shared read
+        }
+        assert values(reader)["tradecore_worker_host_leases"] == 1
+        pttl = int(await connections.commands.pttl(QUEUE_COUNTS_KEY))
+        assert 0 < pttl <= SHARED_TTL_S * 1000
+
+        await connections.commands.delete(QUEUE_COUNTS_KEY)  # as when it lapses
+        await other.refresh()
+
+        assert values(other)["tradecore_queue_gauges_up"] == 0  # it read its own stores
+    finally:
+        await queue.aclose()
+        await directory.aclose()
+        await fill_tasks.aclose()
+        await connections.aclose()
 
 
 async def test_an_unreachable_store_is_reported_not_raised() -> None:
