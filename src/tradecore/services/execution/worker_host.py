@@ -140,12 +140,10 @@ class WorkerHost:
         self._stopping = False
         self._confirming: set[asyncio.Task[None]] = set()
         self._closing: set[asyncio.Task[None]] = set()
-        # The orphan sweep's schedule (``_sweep_when_due``): when the last one ran, until
-        # when a dead host's leases may still run out, and when this host last recorded
-        # itself alive.
+        # The orphan sweep's schedule (``sweep_when_due``): when the last one ran, and until
+        # when a dead host's leases may still run out.
         self._swept_at: datetime | None = None
         self._sweep_until: datetime | None = None
-        self._alive_at: datetime | None = None
         self._gate = OutageGate[WorkerSlot](
             lease_gone=self._leases.gone, clock=clock, sleeper=sleeper, log=log
         )
@@ -182,10 +180,9 @@ class WorkerHost:
             await self._close_worker(slot)
         await asyncio.gather(*self._closing)
         try:
-            await self._directory.host_gone(self._holder)
+            await self._leases.leave()
         except Exception as e:  # its record runs out; another host then sweeps once
             log.warning("the host's record could not be removed (%s)", e)
-        self._alive_at = None
 
     def activate(self, user_id: str) -> None:
         """Make sure the user is served: by this host, unless another holder has the lease
@@ -357,17 +354,9 @@ class WorkerHost:
             self._recovery_failing = False
 
     async def heartbeat(self) -> set[str]:
-        """The host's heartbeat, which the control loop runs: records the host alive for a
-        lease time to live when ``heartbeat_age`` passed since it last did
-        (``WorkerDirectory.host_alive``), then renews every due lease of this host in one
-        batch (``HostLeases.heartbeat``); returns the users whose lease was lost (their
-        workers take nothing more)."""
-        if (
-            self._alive_at is None
-            or self._clock.now() - self._alive_at >= self._settings.heartbeat_age
-        ):
-            await self._directory.host_alive(self._holder, self._settings.mark_ttl_s)
-            self._alive_at = self._clock.now()
+        """The host's heartbeat (``HostLeases.heartbeat``), which the control loop runs:
+        keeps the host's record alive and renews every due lease of this host in one batch;
+        returns the users whose lease was lost (their workers take nothing more)."""
         return await self._leases.heartbeat()
 
     async def _serve(self, user_id: str, slot: WorkerSlot) -> None:

@@ -1,4 +1,5 @@
-"""The leases of a worker host's workers: taking, renewing and the heartbeat's schedule.
+"""The leases of a worker host's workers: taking, renewing and the heartbeat's schedule,
+with the host's own record that the heartbeat keeps alive.
 
 A worker serves its user under the user's lease (the ``worker:active:{user_id}`` mark with a
 fencing token, see ``WorkerDirectory``), taken under its host's holder name. The host's
@@ -71,6 +72,7 @@ class HostLeases:
         self._heartbeat_age = heartbeat_age
         self._log = log
         self._next_renewal: datetime | None = None  # the heartbeat's next due lease, if known
+        self._recorded_at: datetime | None = None  # the host's record last written (alive)
 
     async def acquire(self, user_id: str, slot: WorkerSlot) -> int | None:
         """Take the user's lease for this host: its token, recorded on ``slot`` with the time
@@ -117,12 +119,18 @@ class HostLeases:
         return False
 
     async def heartbeat(self) -> set[str]:
-        """Renew, in one batch, every lease of this host last renewed a sixth of its time to
-        live ago or more. Returns the users whose lease was lost; their workers take nothing
-        more. Until the earliest lease held is due it returns at once, without looking at the
-        workers (the control loop calls it after every start request: a burst of activations
-        must not cost a scan of every worker each)."""
+        """Record the host alive for a lease time to live when a sixth of it passed since it
+        last did (``WorkerDirectory.host_alive``: other hosts sweep for this one's users
+        once the record lapses), then renew, in one batch, every lease of this host last
+        renewed a sixth of its time to live ago or more. Returns the users whose lease was
+        lost; their workers take nothing more. Until the earliest lease held is due it
+        returns after the record, without looking at the workers (the control loop calls it
+        after every start request: a burst of activations must not cost a scan of every
+        worker each)."""
         now = self._clock.now()  # one clock read
+        if self._recorded_at is None or now - self._recorded_at >= self._heartbeat_age:
+            await self._directory.host_alive(self._holder, self._ttl_s)
+            self._recorded_at = now
         if self._next_renewal is not None and now < self._next_renewal:
             return set()  # no lease is due yet: the slots are not scanned
         renewed_by = now - self._heartbeat_age
@@ -142,6 +150,12 @@ class HostLeases:
                     slot.renewed_at = sent
         self._next_renewal = self._earliest_renewal()
         return lost
+
+    async def leave(self) -> None:
+        """Remove the host's record (``WorkerDirectory.host_gone``): the host stops and
+        released its leases. The next heartbeat records it again (a restarted host)."""
+        self._recorded_at = None
+        await self._directory.host_gone(self._holder)
 
     def _earliest_renewal(self) -> datetime | None:
         """When the first lease held now becomes due (None: none is held). A renewal only
