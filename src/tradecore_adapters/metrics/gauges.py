@@ -18,6 +18,7 @@ scans do not grow with the number of processes scraped.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -74,9 +75,6 @@ async def read_counts(
     depths = await queue.depths(MAX_USERS)
     leases = await directory.leases(MAX_USERS)
     leased = {lease.user_id for lease in leases}
-    held_by: dict[str, int] = {}
-    for lease in leases:
-        held_by[lease.holder] = held_by.get(lease.holder, 0) + 1
     return QueueCounts(
         requests_waiting=sum(d.waiting for d in depths),
         requests_in_flight=sum(d.in_flight for d in depths),
@@ -84,7 +82,7 @@ async def read_counts(
         leases=len(leased),
         fill_tasks=await fill_tasks.pending_count(),
         dead_letters=len(await fill_tasks.dead_letters()),
-        held_by=held_by,
+        held_by=dict(Counter(lease.holder for lease in leases)),
     )
 
 

@@ -268,23 +268,31 @@ return user
 """
 
 # The hosts' records (``host_alive``): one sorted set, member the holder, score the time (ms,
-# the server's clock) its record runs out. KEYS: the set. ARGV: holder, ttl in ms.
-_HOST_ALIVE = """
+# the server's clock, read by this prelude) its record runs out.
+_NOW_MS = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+"""
+
+# KEYS: the set. ARGV: holder, ttl in ms.
+_HOST_ALIVE = (
+    _NOW_MS
+    + """
 redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
 return 1
 """
+)
 
 # KEYS: the set. The records that ran out, removed in the same step (so each lapsed host is
 # returned to one caller).
-_LAPSED_HOSTS = """
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+_LAPSED_HOSTS = (
+    _NOW_MS
+    + """
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms)
 if #lapsed > 0 then redis.call('ZREM', KEYS[1], unpack(lapsed)) end
 return lapsed
 """
+)
 
 
 class RedisOrderQueue:
