@@ -77,7 +77,7 @@ HOPS = (
     ("the remaining checks (plan, daily cap, credentials, symbol)", "admitted", "add"),
     ("intent: the INSERT, committed", "add", "intent"),
     ("push: the push script", "intent", "pushed"),
-    ("take: the worker host's wake-up and LMOVE", "pushed", "taken"),
+    ("take: the worker host's wake-up (and LMOVE unless handed over)", "pushed", "taken"),
     ("position: the broker's positions", "taken", "positioned"),
     ("placement: the broker's answer", "positioned", "placed"),
     ("result: queued -> filled with its claim, committed with the paper book", "placed", "result"),

@@ -251,6 +251,23 @@ async def test_a_crashed_workers_requests_stay_in_flight_oldest_first(kv: KvHarn
     assert await kv.queue.take("u1", 0) == order_request("r3")
 
 
+async def test_a_request_pushed_to_an_idle_worker_is_handed_over_and_taken_first(
+    kv: KvHarness,
+) -> None:
+    """Pushed while nothing waits and nothing is in flight, r1 is handed over: it waits for
+    every view but the take's (no crashed worker's request to recover, no retiring)."""
+    token = await hold(kv, "u1")
+    assert await kv.queue.push(order_request("r1"))
+    assert await kv.queue.push(order_request("r2"))  # r1 in the worker's hands: r2 waits
+    assert await kv.queue.in_flight("u1") == []
+    assert not await kv.directory.retire("u1", token)
+    assert await kv.queue.take("u1", 0) == order_request("r1")
+    assert await kv.queue.in_flight("u1") == [order_request("r1")]
+    assert await kv.queue.take("u1", 0) == order_request("r2")
+    assert await kv.queue.take("u1", 0) is None
+    assert await kv.queue.in_flight("u1") == [order_request("r1"), order_request("r2")]
+
+
 async def test_users_whose_host_died_are_found_orphaned(kv: KvHarness) -> None:
     token = await hold(kv, "u1")
     await kv.queue.push(order_request("r1", user_id="u1"))

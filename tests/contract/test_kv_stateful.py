@@ -80,7 +80,10 @@ class SideBySide(RuleBasedStateMachine):
         # The model of the leases and request lists.
         self.leases: dict[str, tuple[str, int]] = {}
         self.fences: dict[str, int] = {}
+        # requests pushed that no take returned yet, a handed-over one included
         self.waiting: dict[str, int] = dict.fromkeys(USER_IDS, 0)
+        self.in_flight: dict[str, list[str]] = {user: [] for user in USER_IDS}
+        self.handed: dict[str, str] = {}  # user -> the request handed over, not yet taken
         self.daily: dict[str, int] = {}  # the model of the day's counters
 
     def run(self, step: Awaitable[T]) -> T:
@@ -119,6 +122,8 @@ class SideBySide(RuleBasedStateMachine):
         seen = self.both(view)
         marked = [seen[3 * i] for i in range(len(USER_IDS))]
         assert marked == [user in self.leases for user in USER_IDS]
+        in_flight = [[r.request_id for r in seen[3 * i + 2]] for i in range(len(USER_IDS))]
+        assert in_flight == [self.in_flight[user] for user in USER_IDS]
 
     def token_for(self, user: str, pick: int) -> int:
         """One of the tokens ever handed out for ``user``, or one never handed out."""
@@ -180,6 +185,9 @@ class SideBySide(RuleBasedStateMachine):
         request = order_request(f"r{self.pushed}", user)
         pushed = self.both(lambda h: h.queue.push(request))
         assert pushed == (user in self.leases)
+        if pushed and self.waiting[user] == 0 and not self.in_flight[user]:
+            # the worker is idle: handed over (waiting still, for every view but the take's)
+            self.handed[user] = request.request_id
         self.waiting[user] += pushed
 
     @rule(user=USERS, holder=HOLDERS, count=st.integers(min_value=1, max_value=3))
@@ -192,7 +200,13 @@ class SideBySide(RuleBasedStateMachine):
     def take(self, user: str) -> None:
         taken = self.both(lambda h: h.queue.take(user, 0))
         assert (taken is not None) == (self.waiting[user] > 0)
-        self.waiting[user] -= taken is not None
+        if taken is None:
+            return
+        self.waiting[user] -= 1
+        handed = self.handed.pop(user, None)
+        if handed is not None:
+            assert taken.request_id == handed  # the handed-over request comes first
+        self.in_flight[user].append(taken.request_id)
 
     @rule(user=USERS, pick=PICK)
     def complete(self, user: str, pick: int) -> None:
@@ -202,6 +216,7 @@ class SideBySide(RuleBasedStateMachine):
         request = taken[pick % len(taken)]
         self.both(lambda h: h.queue.complete(request, order_result(request)))
         self.completed.append(request.request_id)
+        self.in_flight[user].remove(request.request_id)
 
     @rule(pick=PICK)
     def collect(self, pick: int) -> None:

@@ -42,6 +42,12 @@ class OrderQueue(Protocol):
     Delivery is reliable: ``take`` moves a request to the user's in-flight list, and only
     ``complete`` removes it, so a worker that dies mid-request leaves it for ``in_flight``.
     Requests of one user are taken in push order.
+
+    A request pushed while nothing of its user waits and nothing is in flight (the worker is
+    idle) may be *handed over*: it is put in the in-flight list at once, so the adapter can
+    deliver it to a waiting take without another round trip. Until a take returns it, it
+    counts as waiting: the next ``take`` returns it first, ``in_flight`` leaves it out and
+    ``retire`` refuses.
     """
 
     async def push(self, request: OrderRequest) -> bool:
@@ -66,7 +72,8 @@ class OrderQueue(Protocol):
         ...
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
-        """The user's oldest request, moved to the in-flight list; None after ``timeout_s``."""
+        """The user's request handed over at its push, if no take has returned it yet, else
+        the user's oldest request, moved to the in-flight list; None after ``timeout_s``."""
         ...
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
@@ -74,12 +81,14 @@ class OrderQueue(Protocol):
         ...
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
-        """Requests taken but never completed (a crashed worker's), oldest first."""
+        """Requests taken but never completed (a crashed worker's), oldest first; not a
+        request handed over that no take has returned yet (the next take returns it)."""
         ...
 
     async def depths(self, limit: int = 1000) -> list[QueueDepth]:
         """(Operators) the users whose request or in-flight list is not empty, with both
-        lengths, ordered by user id; at most ``limit``. A snapshot taken without stopping the
+        lengths (a request handed over that no take returned counts as waiting), ordered by
+        user id; at most ``limit``. A snapshot taken without stopping the
         queue: counts may be a moment apart. Raises KeyValueStoreUnavailable."""
         ...
 
@@ -173,8 +182,9 @@ class WorkerDirectory(Protocol):
 
     async def retire(self, user_id: str, token: int) -> bool:
         """(Worker host) delete the mark only if, atomically, it carries ``token`` and the
-        user's request list is empty; False (nothing changed) otherwise - a request is
-        waiting, or the lease is no longer the caller's. Together with ``OrderQueue.push``
+        user's request list is empty with no request handed over that no take returned;
+        False (nothing changed) otherwise - a request is waiting, or the lease is no longer
+        the caller's. Together with ``OrderQueue.push``
         this means no request is ever left in a list that no worker serves."""
         ...
 

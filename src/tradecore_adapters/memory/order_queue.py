@@ -26,7 +26,10 @@ _REPLY_TTL = timedelta(seconds=REPLY_TTL_S)
 class MemoryOrderQueue:
     """OrderQueue: per-user request lists, in-flight lists and reply slots.
 
-    ``push`` checks the directory's mark in the same step as the append. A reply is kept
+    ``push`` checks the directory's mark in the same step as the append, and hands the
+    request over when nothing waits and nothing is in flight (into the in-flight list, the
+    next ``take`` returns it first, ``in_flight`` leaves it out until then), as the Redis
+    queue does. A reply is kept
     until ``wait_result`` collects it (even if it came before the wait began) or until
     ``REPLY_TTL_S`` passed by the clock; a reply is collected once.
     """
@@ -36,6 +39,9 @@ class MemoryOrderQueue:
         self._directory = directory
         self._waiting: dict[str, deque[OrderRequest]] = {}
         self._taken: dict[str, list[OrderRequest]] = {}
+        # user id -> the request ``push`` handed over (in ``_taken`` already) that no take
+        # has returned yet
+        self._handed: dict[str, OrderRequest] = {}
         # Completion order, so expiry order; an OrderedDict finds its oldest entry at once.
         self._replies: OrderedDict[str, tuple[OrderResult, datetime]] = OrderedDict()
         self._requests_bell = Doorbell()
@@ -49,13 +55,19 @@ class MemoryOrderQueue:
         return sorted(users)
 
     def has_waiting(self, user_id: str) -> bool:
-        """A request of ``user_id`` waits to be taken (synchronous, for ``retire``)."""
-        return bool(self._waiting.get(user_id))
+        """A request of ``user_id`` waits to be taken, or was handed over and no take has
+        returned it (synchronous, for ``retire``)."""
+        return bool(self._waiting.get(user_id)) or user_id in self._handed
 
     async def push(self, request: OrderRequest) -> bool:
-        if not self._directory.is_marked(request.user_id):
+        user_id = request.user_id
+        if not self._directory.is_marked(user_id):
             return False
-        self._waiting.setdefault(request.user_id, deque()).append(request)
+        if not self._waiting.get(user_id) and not self._taken.get(user_id):
+            self._taken[user_id] = [request]
+            self._handed[user_id] = request
+        else:
+            self._waiting.setdefault(user_id, deque()).append(request)
         self._requests_bell.ring(request.user_id)
         return True
 
@@ -74,6 +86,9 @@ class MemoryOrderQueue:
         )
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
+        handed = self._handed.get(request.user_id)
+        if handed is not None and handed.request_id == request.request_id:
+            del self._handed[request.user_id]
         taken = self._taken.get(request.user_id)
         if taken is not None:
             for index, candidate in enumerate(taken):
@@ -88,15 +103,21 @@ class MemoryOrderQueue:
         self._replies_bell.ring(request.request_id)
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
-        return list(self._taken.get(user_id, []))
+        handed = self._handed.get(user_id)
+        return [r for r in self._taken.get(user_id, []) if r is not handed]
 
     async def depths(self, limit: int = 1000) -> list[QueueDepth]:
-        return [
-            QueueDepth(u, len(self._waiting.get(u, ())), len(self._taken.get(u, ())))
-            for u in self.users_with_requests()[: max(0, limit)]
-        ]
+        depths = []
+        for user_id in self.users_with_requests()[: max(0, limit)]:
+            handed = int(user_id in self._handed)  # waits, though in ``_taken`` already
+            waiting = len(self._waiting.get(user_id, ())) + handed
+            depths.append(QueueDepth(user_id, waiting, len(self._taken.get(user_id, ())) - handed))
+        return depths
 
     def _move_oldest(self, user_id: str) -> OrderRequest | None:
+        handed = self._handed.pop(user_id, None)
+        if handed is not None:
+            return handed
         waiting = self._waiting.get(user_id)
         if not waiting:
             return None

@@ -299,28 +299,31 @@ class Wakeups:
     """Named wake-ups carried by one pub/sub channel, for every process that listens.
 
     Publishing ``name`` on ``channel`` (a script may do so atomically with a write) sets the
-    events of this process's watchers of ``name``. Delivery is best effort: what is published
-    while the listener reconnects is lost, so every watcher is woken when a subscription is
-    confirmed (at first and after each reconnection) and on every listener error; a watcher
-    must re-check its condition after each wake-up, and now and then on its own. The listener
-    holds one connection; it starts with the first ``watch``.
+    events of this process's watchers of ``name``. Publishing ``"{name} {carried}"`` does the
+    same and hands ``carried`` to those watchers (``Watch.carried``): what the writer would
+    otherwise make each watcher read back (a name never contains a space). Delivery is best
+    effort: what is published while the listener reconnects is lost, so every watcher is
+    woken when a subscription is confirmed (at first and after each reconnection) and on
+    every listener error; a watcher must re-check its condition after each wake-up, and now
+    and then on its own. The listener holds one connection; it starts with the first
+    ``watch``.
     """
 
     def __init__(self, client: Client, channel: str) -> None:
         self._client = client
         self._channel = channel
-        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watchers: dict[str, set[Watch]] = {}
         self._listener: asyncio.Task[None] | None = None
 
     @property
     def channel(self) -> str:
         return self._channel
 
-    def watch(self, name: str) -> asyncio.Event:
+    def watch(self, name: str) -> Watch:
         """A new event set at the next wake-up of ``name``; pass it to ``unwatch`` when done."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen(), name=f"wakeups:{self._channel}")
-        event = asyncio.Event()
+        event = Watch()
         self._watchers.setdefault(name, set()).add(event)
         return event
 
@@ -342,7 +345,8 @@ class Wakeups:
         recheck_s: float | Callable[[], float] | None = None,
         *,
         look_at_deadline: bool = True,
-        watching: asyncio.Event | None = None,
+        watching: Watch | None = None,
+        carried: Callable[[str], T | None] | None = None,
     ) -> T | None:
         """What ``look()`` finds (not None), looking again at each wake-up of ``name`` and at
         least every ``recheck_s`` (or what it answers after each look: a queue whose look
@@ -357,7 +361,10 @@ class Wakeups:
         ``watching``: an event of ``watch(name)`` the caller registered when the store last
         showed nothing to find (in the same atomic step as a write of its own); the wait
         takes it over (and unwatches it), and skips the first look unless a wake-up has come
-        since, saving the round trip that would find nothing."""
+        since, saving the round trip that would find nothing.
+        ``carried``: what a wake-up that carried something (``Watch.carried``) is worth; what
+        it answers (not None) is returned in place of a look, saving that round trip. None
+        (the carried value is stale) makes it look as after any wake-up."""
         if timeout_s <= 0:
             if watching is not None:
                 self.unwatch(name, watching)
@@ -371,6 +378,11 @@ class Wakeups:
             while True:
                 if not skip_look:
                     event.clear()
+                    handed, event.carried = event.carried, None
+                    if handed is not None and carried is not None:
+                        found = carried(handed)
+                        if found is not None:
+                            return found
                     found = await look()
                     if found is not None:
                         return found
@@ -391,7 +403,7 @@ class Wakeups:
         finally:
             self.unwatch(name, event)
 
-    def unwatch(self, name: str, event: asyncio.Event) -> None:
+    def unwatch(self, name: str, event: Watch) -> None:
         events = self._watchers.get(name)
         if events is not None:
             events.discard(event)
@@ -407,8 +419,10 @@ class Wakeups:
                 await listener
         self._ring_all()
 
-    def _ring(self, name: str) -> None:
+    def _ring(self, name: str, carried: str | None = None) -> None:
         for event in self._watchers.get(name, ()):
+            if carried is not None:
+                event.carried = carried
             event.set()
 
     def _ring_all(self) -> None:
@@ -420,6 +434,15 @@ class Wakeups:
         await listen(self._client, self._channel, _WakeupSubscriber(self), "wake-ups")
 
 
+class Watch(asyncio.Event):
+    """A watcher's event (``Wakeups.watch``): set by a wake-up of its name, with what the
+    last wake-up carried (``carried``) until the watcher takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.carried: str | None = None
+
+
 class _WakeupSubscriber:
     """What a ``Wakeups`` does with its channel: a message wakes its name; a confirmed
     subscription and an interruption wake everyone (what was published meanwhile is unseen,
@@ -429,7 +452,8 @@ class _WakeupSubscriber:
         self._wakeups = wakeups
 
     def message(self, data: str) -> None:
-        self._wakeups._ring(data)
+        name, space, carried = data.partition(" ")
+        self._wakeups._ring(name, carried if space else None)
 
     def confirmed(self) -> None:
         self._wakeups._ring_all()

@@ -11,6 +11,11 @@ one Redis Cluster slot; the braces are part of the names on a single server too:
 * ``trading:user:{user_id}:requests`` - the request list (RPUSH by the API, oldest at the left);
 * ``trading:user:{user_id}:processing`` - the in-flight list: ``take`` moves a request there
   with LMOVE and only ``complete`` removes it, so a worker crash loses nothing;
+* ``trading:user:{user_id}:handed`` - the hand-over: ``"{request_id} {payload}"`` of a request
+  the push put straight in the in-flight list (nothing waited or was in flight) and no take
+  has returned yet. Until then the request counts as waiting: ``take`` returns it first,
+  ``in_flight`` leaves it out, ``retire`` refuses while the key exists, and ``complete`` of
+  that request deletes it (a take that had it from the push's wake-up leaves the key);
 * ``trading:response:{user_id}:{request_id}`` - the reply list, one entry, expiring after
   60 s; in the user's slot because ``complete`` writes it together with the in-flight list;
 * ``trading:replies:{process}`` - a waiting process's reply channel: ``complete`` publishes
@@ -25,7 +30,10 @@ one Redis Cluster slot; the braces are part of the names on a single server too:
 
 Pushes publish the user id on the channel ``trading:user:requests:pushed`` in the same script,
 which wakes the user's waiting ``take`` in whichever host serves it: an idle worker holds no
-connection, so a host runs thousands of them on a handful of sockets. Start requests publish
+connection, so a host runs thousands of them on a handful of sockets. A push that hands its
+request over publishes ``"{user_id} {payload}"`` instead, and the waiting take returns that
+payload without a round trip of its own (``Wakeups``' carried values); a take that missed the
+notification finds the hand-over key. Start requests publish
 their shard on ``worker-control.fifo:wakeups`` the same way, so a worker host waiting for one
 holds no connection either and looks at the shards (starting at a rotating one) only when
 woken. Replies go the same way back: each queue instance (one per API process) listens on its
@@ -48,7 +56,14 @@ from redis.crc import key_slot
 from tradecore.orders import OrderRequest, OrderResult
 from tradecore.ports.messaging import QueueDepth, WorkerLease
 from tradecore_adapters.redis.batching import shared_batcher
-from tradecore_adapters.redis.client import Client, RedisConnections, Wakeups, px_ms, text
+from tradecore_adapters.redis.client import (
+    Client,
+    RedisConnections,
+    Wakeups,
+    Watch,
+    px_ms,
+    text,
+)
 from tradecore_adapters.redis.codec import (
     decode_request,
     decode_result,
@@ -74,6 +89,8 @@ wait should that ever fail, without making thousands of idle workers poll."""
 _FOUND_EMPTY_KEPT = 10_000
 """Most users whose next take may skip its first look (``RedisOrderQueue.complete``); a
 user beyond it only looks once more."""
+_COMPLETED_KEPT = 4096
+"""Request ids a queue remembers having completed, so a late hand-over wake-up is not taken."""
 _START = "start"
 """The one wake-up name on the start-request channel."""
 _ACTIVE_POLL_FIRST_S = 0.001
@@ -102,6 +119,10 @@ def processing_key(user_id: str) -> str:
     return f"{USER_PREFIX}{tagged(user_id)}:processing"
 
 
+def handed_key(user_id: str) -> str:
+    return f"{USER_PREFIX}{tagged(user_id)}:handed"
+
+
 def response_key(user_id: str, request_id: str) -> str:
     return f"trading:response:{tagged(user_id)}:{request_id}"
 
@@ -122,12 +143,30 @@ def user_of_list(key: str) -> str | None:
     return None
 
 
-# KEYS: mark, requests. ARGV: payload, channel, user id. Push only while the mark exists.
+# KEYS: mark, requests, in-flight list, hand-over. ARGV: payload, channel, user id, request id,
+# "1" when the request may be handed over. Push only while the mark exists. When nothing waits
+# and nothing is in flight (the user's worker is idle), hand the request over: straight into
+# the in-flight list, the hand-over key naming it, and the payload in the wake-up, so the
+# waiting take needs no round trip; otherwise append it and wake the worker (returns 2 or 1).
 _PUSH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) == 0 and redis.call('LLEN', KEYS[3]) == 0 then
+  redis.call('RPUSH', KEYS[3], ARGV[1])
+  redis.call('SET', KEYS[4], ARGV[4] .. ' ' .. ARGV[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. ARGV[1])
+  return 2
+end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
+"""
+
+# KEYS: requests, in-flight list, hand-over. The request handed over, if one is (it is in the
+# in-flight list already), else the oldest request moved to the in-flight list.
+_TAKE = """
+local handed = redis.call('GETDEL', KEYS[3])
+if handed then return string.sub(handed, string.find(handed, ' ', 1, true) + 1) end
+return redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 """
 
 # KEYS: request list. ARGV: request payload, wake-up channel, user id. Append whatever the mark
@@ -138,10 +177,26 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
-# KEYS: reply, in-flight list, request list. ARGV: result payload, reply ttl in ms, request
-# payload, request id. Replace the reply (a list of one), set its TTL, drop the request from
-# the in-flight list, publish "{request id} {result payload}" on the request's reply channel,
-# if it names one, and return the number of requests waiting. The codec writes reply_to
+# KEYS: in-flight list, hand-over. The in-flight list without the request handed over that no
+# take returned yet (it counts as waiting: the next take returns it).
+_IN_FLIGHT = """
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+local handed = redis.call('GET', KEYS[2])
+if not handed then return entries end
+local payload = string.sub(handed, string.find(handed, ' ', 1, true) + 1)
+local taken = {}
+for _, entry in ipairs(entries) do
+  if entry ~= payload then table.insert(taken, entry) end
+end
+return taken
+"""
+
+# KEYS: reply, in-flight list, request list, hand-over. ARGV: result payload, reply ttl in ms,
+# request payload, request id. Replace the reply (a list of one), set its TTL, drop the request
+# from the in-flight list and the hand-over key if it names this request (a take that had the
+# request from the push's wake-up left it), publish
+# "{request id} {result payload}" on the request's reply channel, if it names one, and return
+# the number of requests waiting. The codec writes reply_to
 # last: an addressed payload is the bare one with ',"reply_to":"..."' before its closing brace
 # (a quote inside a JSON string is escaped, so no other field can end that way).
 # The in-flight entry is found by its text; failing that (the caller's copy and the entry
@@ -164,6 +219,10 @@ if redis.call('LREM', KEYS[2], 1, ARGV[3]) == 0 then
       break
     end
   end
+end
+local handed = redis.call('GET', KEYS[4])
+if handed and string.sub(handed, 1, #ARGV[4] + 1) == ARGV[4] .. ' ' then
+  redis.call('DEL', KEYS[4])
 end
 if channel then redis.call('PUBLISH', channel, ARGV[4] .. ' ' .. ARGV[1]) end
 return redis.call('LLEN', KEYS[3])
@@ -235,12 +294,14 @@ return 1
 """
 )
 
-# KEYS: mark, requests. ARGV: token. Delete the lease only while it carries the token and
-# no request waits.
+# KEYS: mark, requests, hand-over. ARGV: token. Delete the lease only while it carries the
+# token, no request waits and none was handed over that no take has returned.
 _RETIRE = (
     _READ_LEASE
     + """
-if token ~= ARGV[1] or redis.call('LLEN', KEYS[2]) > 0 then return 0 end
+if token ~= ARGV[1] or redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
 redis.call('DEL', KEYS[1])
 return 1
 """
@@ -325,6 +386,8 @@ class RedisOrderQueue:
         self._push = self._client.register_script(_PUSH)
         self._park = self._client.register_script(_PARK)
         self._complete = self._client.register_script(_COMPLETE)
+        self._take_next = self._client.register_script(_TAKE)
+        self._in_flight = self._client.register_script(_IN_FLIGHT)
         # The hot path's calls (push, reply pop, take, complete) share pipelines with the
         # process's other concurrent calls (``batching``).
         self._batch = shared_batcher(self._client)
@@ -338,7 +401,11 @@ class RedisOrderQueue:
         # user id -> the wake-up watcher ``complete`` registered when it found no request
         # waiting, for the user's next ``take`` (oldest first, at most _FOUND_EMPTY_KEPT:
         # a worker that stops after its last complete never takes it).
-        self._found_empty: OrderedDict[str, asyncio.Event] = OrderedDict()
+        self._found_empty: OrderedDict[str, Watch] = OrderedDict()
+        # The request ids this instance completed lately (at most _COMPLETED_KEPT): a hand-over
+        # whose wake-up comes late, after a take had found its key and the request was done, is
+        # not taken again.
+        self._completed: OrderedDict[str, None] = OrderedDict()
 
     async def aclose(self) -> None:
         """Stop listening for pushes and replies (the clients stay open: their owner closes
@@ -349,12 +416,15 @@ class RedisOrderQueue:
     async def push(self, request: OrderRequest) -> bool:
         user = request.user_id
 
+        # a hand-over's wake-up is "{user} {payload}": a user id with a space could not be read
+        handing = "0" if " " in user else "1"
+
         async def send(payload: str) -> bool:
             with unavailable_on_failure("push"):
                 pushed = await self._batch.script(
                     self._push,
-                    [mark_key(user), requests_key(user)],
-                    [payload, self._wakeups.channel, user],
+                    [mark_key(user), requests_key(user), processing_key(user), handed_key(user)],
+                    [payload, self._wakeups.channel, user, request.request_id, handing],
                 )
             return bool(int(pushed))
 
@@ -440,6 +510,10 @@ class RedisOrderQueue:
         return self._replies.waiting
 
     async def take(self, user_id: str, timeout_s: float) -> OrderRequest | None:
+        """The port's ``take``: the request handed over at its push if there is one (from the
+        push's wake-up when it comes while the take waits, with no round trip; else from the
+        hand-over key), or the oldest waiting one moved to the in-flight list."""
+
         async def look() -> OrderRequest | None:
             return await self._move_oldest(user_id)
 
@@ -450,7 +524,14 @@ class RedisOrderQueue:
             _RECHECK_S,
             look_at_deadline=False,
             watching=self._found_empty.pop(user_id, None),
+            carried=self._handed_over_request,
         )
+
+    def _handed_over_request(self, payload: str) -> OrderRequest | None:
+        """The request a hand-over's wake-up carried, unless this instance completed it
+        already (the wake-up came after a take had found the hand-over key)."""
+        request = decode_request(payload)
+        return None if request.request_id in self._completed else request
 
     async def complete(self, request: OrderRequest, result: OrderResult) -> None:
         """The port's ``complete``. The script also answers how many requests wait; when
@@ -468,6 +549,7 @@ class RedisOrderQueue:
                         response_key(user_id, request.request_id),
                         processing_key(user_id),
                         requests_key(user_id),
+                        handed_key(user_id),
                     ],
                     [
                         encode_result(result),
@@ -480,6 +562,10 @@ class RedisOrderQueue:
             if watcher is not None:
                 self._wakeups.unwatch(user_id, watcher)
             raise
+        completed = self._completed
+        completed[request.request_id] = None
+        while len(completed) > _COMPLETED_KEPT:
+            completed.popitem(last=False)
         if watcher is None:
             return
         self._forget_found_empty(user_id)
@@ -497,7 +583,7 @@ class RedisOrderQueue:
 
     async def in_flight(self, user_id: str) -> list[OrderRequest]:
         with unavailable_on_failure("in-flight list"):
-            raws = await self._client.lrange(processing_key(user_id), 0, -1)
+            raws = await self._in_flight(keys=[processing_key(user_id), handed_key(user_id)])
         return [decode_request(raw) for raw in raws]
 
     async def depths(self, limit: int = 1000) -> list[QueueDepth]:
@@ -514,9 +600,18 @@ class RedisOrderQueue:
             for user_id in chosen:
                 pipe.llen(requests_key(user_id))
                 pipe.llen(processing_key(user_id))
-            lengths = [int(n) for n in await pipe.execute()] if chosen else []
-        depths = (QueueDepth(u, lengths[2 * i], lengths[2 * i + 1]) for i, u in enumerate(chosen))
-        return [d for d in depths if d.waiting or d.in_flight]
+                pipe.exists(handed_key(user_id))
+            counts = [int(n) for n in await pipe.execute()] if chosen else []
+        depths = []
+        for i, user_id in enumerate(chosen):
+            waiting, in_flight, handed = counts[3 * i : 3 * i + 3]
+            # a request handed over that no take returned yet waits (it is in the in-flight
+            # list already); the three reads may be a moment apart, hence the bound
+            handed = min(handed, in_flight)
+            depth = QueueDepth(user_id, waiting + handed, in_flight - handed)
+            if depth.waiting or depth.in_flight:
+                depths.append(depth)
+        return depths
 
     def _addressed(self, request: OrderRequest) -> OrderRequest:
         """``request`` with this instance's reply channel unless it already names one (a
@@ -534,9 +629,12 @@ class RedisOrderQueue:
         return None if raw is None else decode_result(raw)
 
     async def _move_oldest(self, user_id: str) -> OrderRequest | None:
+        """The look of ``take``: the handed-over request, else the oldest moved (``_TAKE``)."""
         with unavailable_on_failure("take"):
-            raw = await self._batch.command(
-                "LMOVE", requests_key(user_id), processing_key(user_id), "LEFT", "RIGHT"
+            raw = await self._batch.script(
+                self._take_next,
+                [requests_key(user_id), processing_key(user_id), handed_key(user_id)],
+                [],
             )
         return None if raw is None else decode_request(raw)
 
@@ -728,6 +826,7 @@ class RedisWorkerDirectory:
     async def retire(self, user_id: str, token: int) -> bool:
         with unavailable_on_failure("retire"):
             retired = await self._retire(
-                keys=[mark_key(user_id), requests_key(user_id)], args=[token]
+                keys=[mark_key(user_id), requests_key(user_id), handed_key(user_id)],
+                args=[token],
             )
         return bool(int(retired))
