@@ -190,6 +190,13 @@ class RedisServer:
         finally:
             client.close()
 
+    def exists(self, key: str) -> bool:
+        client = self.client()
+        try:
+            return bool(client.exists(key))
+        finally:
+            client.close()
+
     def length(self, key: str) -> int:
         """LLEN of a list (0 when it does not exist)."""
         client = self.client()

@@ -27,6 +27,7 @@ from harness import (
 )
 
 from tradecore_adapters.redis import RedisFillTaskQueue, connect
+from tradecore_adapters.redis.messaging import handed_key, processing_key, requests_key
 
 pytestmark = pytest.mark.faults
 
@@ -77,6 +78,36 @@ async def test_a_worker_killed_mid_order_gives_202_and_the_next_host_completes_i
         f"paper:live:{account.trading_account_id}:order:{client_order_id}"
     ], broker_orders
     assert await stack.db.position(account.trading_account_id, "BTCUSDT") == QUANTITY
+
+
+async def test_an_order_handed_over_to_a_killed_worker_is_run_once_by_the_next_host(
+    stack: Stack,
+) -> None:
+    """The worker host dies while idle; its lease lives on for its time to live, so the next
+    order's push hands the order over to the dead worker (into the in-flight list, with the
+    hand-over key) and nobody takes it: the webhook is answered 202. The host that takes the
+    user over finds the order in flight with no lease, and its take returns the hand-over:
+    executed once, without being reported as a crashed worker's order."""
+    api, worker, account = await asyncio.gather(stack.api(), stack.worker(), stack.new_account())
+    await stack.executed(await api.webhook(account, webhook_body(account, quantity="0.1")))
+    await worker.kill()
+
+    reply = await api.webhook(account, webhook_body(account, quantity="0.1"))
+    assert reply.status == 202, reply
+    order_id = reply.body["order_id"]
+    user_id = stack.trader.user_id
+    assert await asyncio.to_thread(stack.redis.exists, handed_key(user_id))
+    assert await asyncio.to_thread(stack.redis.length, processing_key(user_id)) == 1
+    assert await asyncio.to_thread(stack.redis.length, requests_key(user_id)) == 0
+
+    await stack.end_lease()
+    successor = await stack.worker(log_level="INFO")
+    await stack.order_reaches(order_id, "filled")
+    assert len(await stack.db.broker_orders(account.trading_account_id)) == 2
+    assert await stack.db.position(account.trading_account_id, "BTCUSDT") == Decimal("0.2")
+    assert not await asyncio.to_thread(stack.redis.exists, handed_key(user_id))
+    assert await asyncio.to_thread(stack.redis.length, processing_key(user_id)) == 0
+    assert f"recovering order {order_id}" not in successor.output()
 
 
 async def test_a_worker_killed_between_a_reversals_close_and_entry_repeats_neither(
