@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -43,6 +43,8 @@ import redis
 
 from tradecore_adapters.redis.messaging import mark_key, processing_key
 from tradecore_entrypoints.settings import VARIABLES
+
+T = TypeVar("T")
 
 TRADECORE = Path(sys.executable).with_name("tradecore")
 PASSWORD = "correct horse battery staple"
@@ -177,33 +179,25 @@ class RedisServer:
 
     def flushall(self) -> None:
         """FLUSHALL: every key is gone, as after a failover to an empty replica."""
+        self._with_client(lambda client: client.flushall())
+
+    def _with_client(self, call: Callable[[redis.Redis], T]) -> T:
+        """``call`` on a short-lived client, closed after it."""
         client = self.client()
         try:
-            client.flushall()
+            return call(client)
         finally:
             client.close()
 
     def delete(self, key: str) -> None:
-        client = self.client()
-        try:
-            client.delete(key)
-        finally:
-            client.close()
+        self._with_client(lambda client: client.delete(key))
 
     def exists(self, key: str) -> bool:
-        client = self.client()
-        try:
-            return bool(client.exists(key))
-        finally:
-            client.close()
+        return bool(self._with_client(lambda client: client.exists(key)))
 
     def length(self, key: str) -> int:
         """LLEN of a list (0 when it does not exist)."""
-        client = self.client()
-        try:
-            return int(client.llen(key))
-        finally:
-            client.close()
+        return int(self._with_client(lambda client: client.llen(key)))
 
     def _ping(self) -> bool:
         client = self.client()

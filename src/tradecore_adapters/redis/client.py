@@ -378,9 +378,9 @@ class Wakeups:
             while True:
                 if not skip_look:
                     event.clear()
-                    handed, event.carried = event.carried, None
-                    if handed is not None and carried is not None:
-                        found = carried(handed)
+                    value, event.carried = event.carried, None
+                    if value is not None and carried is not None:
+                        found = carried(value)
                         if found is not None:
                             return found
                     found = await look()

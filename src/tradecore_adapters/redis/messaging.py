@@ -161,13 +161,24 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 
+# The request payload in a hand-over key's value "{request id} {payload}" (a request id has no
+# space); each script that reads the key defines it with this prelude.
+_PAYLOAD_OF = """
+local function payload_of(handed)
+  return string.sub(handed, string.find(handed, ' ', 1, true) + 1)
+end
+"""
+
 # KEYS: requests, in-flight list, hand-over. The request handed over, if one is (it is in the
 # in-flight list already), else the oldest request moved to the in-flight list.
-_TAKE = """
+_TAKE = (
+    _PAYLOAD_OF
+    + """
 local handed = redis.call('GETDEL', KEYS[3])
-if handed then return string.sub(handed, string.find(handed, ' ', 1, true) + 1) end
+if handed then return payload_of(handed) end
 return redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 """
+)
 
 # KEYS: request list. ARGV: request payload, wake-up channel, user id. Append whatever the mark
 # (an order parked while no worker runs; the orphan sweep finds the list) and wake the worker.
@@ -179,17 +190,20 @@ return 1
 
 # KEYS: in-flight list, hand-over. The in-flight list without the request handed over that no
 # take returned yet (it counts as waiting: the next take returns it).
-_IN_FLIGHT = """
+_IN_FLIGHT = (
+    _PAYLOAD_OF
+    + """
 local entries = redis.call('LRANGE', KEYS[1], 0, -1)
 local handed = redis.call('GET', KEYS[2])
 if not handed then return entries end
-local payload = string.sub(handed, string.find(handed, ' ', 1, true) + 1)
+local payload = payload_of(handed)
 local taken = {}
 for _, entry in ipairs(entries) do
   if entry ~= payload then table.insert(taken, entry) end
 end
 return taken
 """
+)
 
 # KEYS: reply, in-flight list, request list, hand-over. ARGV: result payload, reply ttl in ms,
 # request payload, request id. Replace the reply (a list of one), set its TTL, drop the request
